@@ -1,0 +1,26 @@
+"""Errors that the CLI turns into one line on stderr and an exit code."""
+
+USAGE_EXIT = 2  # something the user gave is wrong: flag, config, data file, checkpoint, prompt
+FAILURE_EXIT = 1  # the work itself failed: network, disk, a diverged run
+
+
+class CharlmError(Exception):
+    """An error meant for the user: its message says what is wrong and how to fix it."""
+
+    exit_code = FAILURE_EXIT
+
+    def __init__(self, message: str, *, details: list[str] | None = None):
+        super().__init__(message)
+        self.details = details or []
+
+
+class UsageError(CharlmError):
+    """The user's input (flags, config, data, checkpoint, prompt) is wrong."""
+
+    exit_code = USAGE_EXIT
+
+
+class WorkError(CharlmError):
+    """The work failed for a reason outside the user's input (network, disk, divergence)."""
+
+    exit_code = FAILURE_EXIT

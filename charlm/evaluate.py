@@ -1,0 +1,91 @@
+"""Scoring a model on text: deterministic full passes and the cheap fixed-window estimate used while training."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Literal
+
+import torch
+from torch import nn
+
+from charlm.checkpoint import load_checkpoint
+from charlm.data import encode_compact, full_pass_windows, read_text, split_text, windows_at
+from charlm.device import autocast, pick_device
+from charlm.errors import UsageError
+from charlm.tokenizer import UnknownPolicy
+
+Split = Literal["train", "val", "all"]
+
+
+@dataclass
+class EvalResult:
+    loss: float  # mean cross-entropy in nats per character
+    chars: int  # characters scored
+
+    @property
+    def bpc(self) -> float:
+        return self.loss / math.log(2)
+
+    @property
+    def perplexity(self) -> float:
+        return math.exp(self.loss)
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "bpc": self.bpc, "perplexity": self.perplexity}
+
+
+@torch.no_grad()
+def _summed_loss(model: nn.Module, batches, device: torch.device, amp_dtype: torch.dtype | None) -> tuple[float, int]:
+    total = torch.zeros((), dtype=torch.float64, device=device)  # accumulate on device: one sync at the end
+    count = 0
+    for x, y in batches:
+        x, y = x.to(device), y.to(device)
+        with autocast(device, amp_dtype):
+            _, loss = model(x, y)
+        total += loss.double() * y.numel()
+        count += y.numel()
+    return total.item(), count
+
+
+def full_pass(
+    model: nn.Module, ids: torch.Tensor, block_size: int, device: torch.device,
+    batch_size: int = 64, amp_dtype: torch.dtype | None = None,
+) -> EvalResult:
+    """Every character after the first scored once, in non-overlapping windows of the model's context."""
+    was_training = model.training
+    model.eval()
+    total, count = _summed_loss(model, full_pass_windows(ids, block_size, batch_size), device, amp_dtype)
+    model.train(was_training)
+    return EvalResult(total / max(count, 1), count)
+
+
+def windows_loss(
+    model: nn.Module, ids: torch.Tensor, starts: torch.Tensor, block_size: int, device: torch.device,
+    batch_size: int = 64, amp_dtype: torch.dtype | None = None,
+) -> float:
+    """Mean loss over fixed windows (the low-noise periodic estimate)."""
+    offsets = torch.arange(block_size + 1)
+    batches = (windows_at(ids, starts[i : i + batch_size], offsets, device) for i in range(0, len(starts), batch_size))
+    was_training = model.training
+    model.eval()
+    total, count = _summed_loss(model, batches, device, amp_dtype)
+    model.train(was_training)
+    return total / count
+
+
+def evaluate_checkpoint(
+    checkpoint_path: str, data_path: str | None, split: Split, unknown: UnknownPolicy,
+    device_name: str, batch_size: int, replacement: str | None = None,
+) -> EvalResult:
+    ckpt = load_checkpoint(checkpoint_path)
+    device = pick_device(device_name)
+    text = read_text(data_path or ckpt.config.data.path)
+    if split != "all":
+        text = split_text(text, ckpt.config.data.val_fraction)[0 if split == "train" else 1]
+    tokenizer = ckpt.tokenizer
+    ids = encode_compact(tokenizer.encode(text, unknown, replacement), tokenizer.vocab_size)
+    if len(ids) < 2:
+        raise UsageError(f"the {split} split of {data_path or ckpt.config.data.path} has fewer than 2 characters to score")
+    model = ckpt.build_model(device)
+    return full_pass(model, ids, ckpt.config.model.block_size, device, batch_size)

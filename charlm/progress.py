@@ -1,0 +1,126 @@
+"""What the user sees while a command runs: a progress bar on a TTY, a line per evaluation, warnings.
+
+Everything here goes to stderr, so stdout stays free for results (and for exactly one JSON object with --json).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from rich.console import Console
+from tqdm import tqdm
+
+
+def stderr_console() -> Console:
+    # rich already drops colour when stderr is not a terminal or NO_COLOR is set; say so explicitly for clarity.
+    plain = not sys.stderr.isatty() or "NO_COLOR" in os.environ
+    return Console(stderr=True, no_color=plain, highlight=False, soft_wrap=True)
+
+
+def stdout_console() -> Console:
+    plain = not sys.stdout.isatty() or "NO_COLOR" in os.environ
+    return Console(no_color=plain, highlight=False, soft_wrap=True)
+
+
+def fancy_output() -> bool:
+    """Progress bars only for a person at a terminal: stderr is a TTY and NO_COLOR is not set."""
+    return sys.stderr.isatty() and "NO_COLOR" not in os.environ
+
+
+class TrainReporter:
+    """Progress bar with step, loss, lr and tokens/s; one row per evaluation; warnings."""
+
+    def __init__(self, quiet: bool = False):
+        self.quiet = quiet
+        self.console = stderr_console()
+        self.bar: tqdm | None = None
+        self.header_shown = False
+
+    def start(self, first_step: int, total_steps: int | None) -> None:
+        if not self.quiet and fancy_output():
+            self.bar = tqdm(
+                total=total_steps, initial=first_step, unit="step", file=sys.stderr, dynamic_ncols=True, leave=False
+            )
+
+    def step(self, step: int, loss: float | None, lr: float, tokens_per_s: float) -> None:
+        if self.bar is None:
+            return
+        self.bar.update(step - self.bar.n)
+        if loss is not None:
+            self.bar.set_postfix_str(f"loss {loss:.4f} lr {lr:.2e} {tokens_per_s / 1000:.1f}k tok/s", refresh=False)
+
+    def evaluation(self, step: int, train_loss: float, val_loss: float, lr: float, tokens_per_s: float,
+                   elapsed_s: float, improved: bool) -> None:
+        if self.quiet:
+            return
+        if not self.header_shown:
+            self._print(f"[bold]{'step':>8}  {'train':>7}  {'val':>7}  {'lr':>8}  {'tok/s':>7}  {'time':>7}[/bold]")
+            self.header_shown = True
+        mark = " [green]*[/green]" if improved else ""
+        self._print(
+            f"{step:>8}  {train_loss:>7.4f}  {val_loss:>7.4f}  {lr:>8.2e}  {tokens_per_s / 1000:>6.1f}k  {elapsed_s:>6.1f}s{mark}"
+        )
+
+    def info(self, message: str) -> None:
+        if not self.quiet:
+            self._print(message)
+
+    def warn(self, message: str) -> None:
+        self._print(f"[yellow]warning:[/yellow] {message}")
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+    def _print(self, text: str) -> None:
+        if self.bar is not None:
+            with tqdm.external_write_mode(file=sys.stderr):
+                self.console.print(text)
+        else:
+            self.console.print(text)
+
+
+class DownloadBar:
+    """A byte progress bar on a TTY; silent otherwise."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.bar: tqdm | None = None
+
+    def __enter__(self) -> DownloadBar:
+        return self
+
+    def update(self, received: int, total: int | None) -> None:
+        if not fancy_output():
+            return
+        if self.bar is None:
+            self.bar = tqdm(total=total, unit="B", unit_scale=True, desc=self.name, file=sys.stderr, leave=False)
+        self.bar.update(received - self.bar.n)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def print_train_summary(summary) -> None:
+    """The end-of-training report, for people (scripts use --json)."""
+    out = stdout_console()
+    s = summary
+    out.print(
+        f"[bold]done[/bold] ({s.stop_reason}): {s.steps:,} steps, {s.tokens:,} tokens, {s.wall_s:.1f} s wall, "
+        f"{s.tokens_per_s:,.0f} tokens/s" + (f", compile {s.compile_s:.1f} s" if s.compile_s else "")
+    )
+    out.print(
+        f"best val loss {s.best_val_loss:.4f} nats/char (sampled windows); full validation pass of best.pt: "
+        f"[bold]{s.full_val_loss:.4f} nats/char, {s.full_val_bpc:.4f} bits/char[/bold]"
+    )
+    out.print(f"checkpoints in {s.out_dir}: best.pt, last.pt; metrics in {s.out_dir}/metrics.jsonl")
+
+
+def print_eval_result(result, split: str) -> None:
+    stdout_console().print(
+        f"{split}: loss {result.loss:.4f} nats/char, {result.bpc:.4f} bits/char, "
+        f"perplexity {result.perplexity:.3f}, {result.chars:,} characters scored"
+    )

@@ -1,0 +1,112 @@
+"""Shared test helpers: the real corpus from ../shared, the CLI as a real subprocess, a loopback HTTP server."""
+
+from __future__ import annotations
+
+import hashlib
+import http.server
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+CORPUS = REPO.parent / "shared" / "data" / "tinyshakespeare.txt"
+CORPUS_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
+# A model small enough that a CLI training run takes a few seconds.
+SMALL = ["--config", "tiny", "--set", "model.n_layer=1", "--set", "model.n_embd=32", "--set", "model.block_size=16",
+         "--set", "train.eval_interval=10", "--set", "train.eval_windows=16"]
+
+
+@pytest.fixture(scope="session")
+def corpus() -> Path:
+    assert CORPUS.is_file(), f"tests need tiny-shakespeare at {CORPUS} (the shared folder beside the repository)"
+    return CORPUS
+
+
+def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None, timeout: float = 300,
+            check: bool = False) -> subprocess.CompletedProcess:
+    """`python -m charlm ARGS` in a real subprocess, with no TTY (as in CI)."""
+    inherited = {k: v for k, v in os.environ.items() if k not in ("CHARLM_DATA_URL", "NO_COLOR")}
+    full_env = {**inherited, "PYTHONPATH": str(REPO), **(env or {})}
+    result = subprocess.run(
+        [sys.executable, "-m", "charlm", *map(str, args)], cwd=cwd, env=full_env, capture_output=True, text=True,
+        timeout=timeout, stdin=subprocess.DEVNULL,
+    )
+    if check and result.returncode != 0:
+        raise AssertionError(f"charlm {' '.join(map(str, args))} exited {result.returncode}:\n{result.stderr}")
+    return result
+
+
+def assert_one_line_error(result: subprocess.CompletedProcess, code: int, *needles: str) -> None:
+    """A user mistake: the expected exit code, one line on stderr naming the problem, no traceback."""
+    assert result.returncode == code, (result.returncode, result.stderr)
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+
+
+class CorpusServer:
+    """A real http.server on 127.0.0.1 serving the corpus in good and broken ways."""
+
+    def __init__(self, body: bytes):
+        self.body = body
+        self.requests: dict[str, int] = {}
+        server = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                server.requests[self.path] = server.requests.get(self.path, 0) + 1
+                route = getattr(server, "route_" + self.path.strip("/").replace("-", "_"), None)
+                if route is None:
+                    self.send_error(404)
+                else:
+                    route(self, server.requests[self.path])
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    def url(self, route: str) -> str:
+        return f"http://127.0.0.1:{self.httpd.server_address[1]}/{route}"
+
+    def _send(self, handler, body: bytes, length: int | None = None) -> None:
+        handler.send_response(200)
+        handler.send_header("Content-Length", str(len(body) if length is None else length))
+        handler.end_headers()
+        handler.wfile.write(body)
+
+    def route_good(self, handler, count: int) -> None:
+        self._send(handler, self.body)
+
+    def route_truncated(self, handler, count: int) -> None:
+        self._send(handler, self.body[: len(self.body) // 2], length=len(self.body))
+        handler.close_connection = True
+
+    def route_wrong(self, handler, count: int) -> None:
+        self._send(handler, self.body[:-5] + b"XXXXX")
+
+    def route_flaky(self, handler, count: int) -> None:
+        if count == 1:
+            handler.send_error(503, "try again")
+        else:
+            self._send(handler, self.body)
+
+
+@pytest.fixture
+def server(corpus: Path):
+    s = CorpusServer(corpus.read_bytes())
+    s.thread.start()
+    yield s
+    s.httpd.shutdown()
+    s.httpd.server_close()
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()

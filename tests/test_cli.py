@@ -1,0 +1,63 @@
+import json
+
+from charlm import __version__
+from conftest import SMALL, assert_one_line_error, run_cli
+
+
+def test_help_lists_the_commands_and_exit_codes():
+    result = run_cli("--help")
+    assert result.returncode == 0
+    for word in ("download", "train", "eval", "Exit codes"):
+        assert word in result.stdout
+
+
+def test_download_help_reads_well():
+    out = run_cli("download", "--help").stdout
+    for flag in ("--url", "--dest", "--sha256", "--no-verify", "--force", "CHARLM_DATA_URL"):
+        assert flag in out
+
+
+def test_version():
+    result = run_cli("--version")
+    assert result.returncode == 0 and result.stdout.strip() == f"charlm {__version__}"
+
+
+def test_python_dash_m_and_the_console_script_agree():
+    import shutil
+    import subprocess
+
+    exe = shutil.which("charlm")
+    if exe:  # installed (as in CI): the entry point behaves the same
+        assert subprocess.run([exe, "--version"], capture_output=True, text=True).stdout.strip() == f"charlm {__version__}"
+
+
+def test_unknown_option_is_one_line_exit_2():
+    assert_one_line_error(run_cli("download", "--bogus"), 2, "--bogus")
+    assert_one_line_error(run_cli("train", "--max-steps", "many"), 2, "--max-steps")
+
+
+def test_bad_set_names_the_key(tmp_path, corpus):
+    result = run_cli("train", "--data", corpus, "--out-dir", tmp_path / "r", "--set", "model.n_embd=-4")
+    assert_one_line_error(result, 2, "model.n_embd")
+    assert not (tmp_path / "r").exists()
+
+
+def test_several_config_errors_are_listed_together(tmp_path, corpus):
+    result = run_cli("train", "--data", corpus, "--set", "model.n_layers=2", "--set", "train.lr=0")
+    assert result.returncode == 2
+    assert "model.n_layers" in result.stderr and "did you mean 'model.n_layer'" in result.stderr
+    assert "train.lr" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_debug_shows_the_traceback(tmp_path):
+    result = run_cli("--debug", "eval", tmp_path / "missing.pt")
+    assert result.returncode != 0 and "Traceback" in result.stderr
+
+
+def test_json_is_one_object_on_one_line(tmp_path, corpus):
+    result = run_cli("train", *SMALL, "--data", corpus, "--out-dir", tmp_path / "r", "--max-steps", "20", "--json")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert len(lines) == 1
+    summary = json.loads(lines[0])
+    assert summary["steps"] == 20 and "\x1b[" not in result.stderr

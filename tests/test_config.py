@@ -1,0 +1,128 @@
+from pathlib import Path
+
+import pytest
+
+from charlm.config import CONFIG_DIRS, Config, load_config, shipped_config_names
+from charlm.errors import UsageError
+
+SHIPPED = sorted((CONFIG_DIRS[0]).glob("*.yaml"))
+
+
+def test_the_four_required_configs_ship():
+    assert {"tiny", "cpu", "notebook", "gpu"} <= set(shipped_config_names())
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.name)
+def test_every_shipped_config_loads_and_starts_with_its_command(path: Path):
+    config = load_config(path)
+    assert isinstance(config, Config)
+    first_line = path.read_text().splitlines()[0]
+    assert first_line.startswith("# charlm train --config configs/" + path.name)
+
+
+def test_gpu_config_is_the_baby_gpt_shape():
+    m = load_config("gpu").model
+    assert (m.n_layer, m.n_head, m.n_embd, m.block_size, m.dropout, m.bias) == (6, 6, 384, 256, 0.2, False)
+
+
+def test_notebook_config_is_the_notebook_recipe():
+    c = load_config("notebook")
+    assert (c.train.batch_size, c.model.block_size, c.model.n_embd, c.model.n_head, c.model.n_layer) == (16, 32, 64, 4, 4)
+    assert (c.train.plateau_factor, c.train.plateau_patience, c.train.eval_interval) == (0.5, 5, 200)
+    assert (c.train.early_stop_patience, c.train.max_steps, c.train.lr, c.model.dropout) == (10, 30000, 1e-3, 0.0)
+
+
+def test_precedence_is_defaults_then_file_then_set_then_options(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text("model:\n  n_layer: 3\n  n_embd: 96\ntrain:\n  lr: 0.01\n  seed: 5\n")
+    c = load_config(f, ["train.lr=2e-3", "train.seed=6"], {"train.seed": ("--seed", 7)})
+    assert c.model.n_layer == 3  # file over default
+    assert c.model.n_head == Config().model.n_head  # default kept
+    assert c.train.lr == 2e-3  # --set over file
+    assert c.train.seed == 7  # option over --set
+
+
+def test_ints_are_accepted_where_floats_are_expected(tmp_path):
+    c = load_config(None, ["train.lr=1", "train.max_seconds=30"])
+    assert c.train.lr == 1.0 and isinstance(c.train.lr, float)
+
+
+def _errors(*sets: str, path=None) -> list[str]:
+    with pytest.raises(UsageError) as info:
+        load_config(path, list(sets))
+    return info.value.details or [str(info.value)]
+
+
+def test_unknown_key_suggests_the_close_one():
+    (message,) = _errors("model.n_layers=3")
+    assert "model.n_layers" in message and "did you mean 'model.n_layer'" in message
+
+
+def test_wrong_type_names_the_key():
+    (message,) = _errors("model.n_embd=wide")
+    assert message.startswith("model.n_embd:") and "integer" in message
+
+
+def test_bool_is_not_an_int():
+    (message,) = _errors("train.batch_size=true")
+    assert "train.batch_size" in message
+
+
+@pytest.mark.parametrize(
+    "setting,key",
+    [
+        ("train.lr=0", "train.lr"),
+        ("train.lr=-1e-3", "train.lr"),
+        ("model.block_size=0", "model.block_size"),
+        ("model.dropout=1.0", "model.dropout"),
+        ("model.dropout=-0.1", "model.dropout"),
+        ("data.val_fraction=0", "data.val_fraction"),
+        ("data.val_fraction=1", "data.val_fraction"),
+        ("sample.top_p=1.5", "sample.top_p"),
+        ("train.device=tpu", "train.device"),
+    ],
+)
+def test_out_of_range_values_name_the_key(setting, key):
+    (message,) = _errors(setting)
+    assert message.startswith(key), message
+
+
+def test_n_embd_must_divide_by_n_head():
+    (message,) = _errors("model.n_embd=100", "model.n_head=3")
+    assert "model.n_embd" in message and "model.n_head" in message
+
+
+def test_all_errors_are_reported_at_once(tmp_path):
+    f = tmp_path / "bad.yaml"
+    f.write_text("model:\n  n_layerz: 2\ntrain:\n  lr: fast\n")
+    errors = _errors("train.batch_size=0", path=f)
+    assert len(errors) == 3
+    assert any("model.n_layerz" in e for e in errors)
+    assert any(e.startswith("train.lr") for e in errors)
+    assert any(e.startswith("train.batch_size") for e in errors)
+
+
+def test_yaml_is_never_executed(tmp_path):
+    marker = tmp_path / "pwned"
+    f = tmp_path / "evil.yaml"
+    f.write_text(f"train: !!python/object/apply:os.system ['touch {marker}']\n")
+    with pytest.raises(UsageError, match="not valid YAML"):
+        load_config(f)
+    assert not marker.exists()
+
+
+def test_broken_yaml_reports_the_line(tmp_path):
+    f = tmp_path / "broken.yaml"
+    f.write_text("model:\n  n_layer: [2\n")
+    with pytest.raises(UsageError, match="line"):
+        load_config(f)
+
+
+def test_set_needs_a_dotted_key_and_a_value():
+    with pytest.raises(UsageError, match="section.key=value"):
+        load_config(None, ["lr=3"])
+
+
+def test_missing_config_file_lists_the_shipped_ones():
+    with pytest.raises(UsageError, match="tiny"):
+        load_config("no-such-config.yaml")

@@ -1,0 +1,80 @@
+import math
+
+import pytest
+import torch
+
+from charlm.config import ModelConfig
+from charlm.model import GPT
+
+V = 65
+
+
+def tiny(**overrides) -> GPT:
+    torch.manual_seed(0)
+    return GPT(ModelConfig(**{"n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": 16, **overrides}), V)
+
+
+def test_logits_have_one_row_per_position():
+    model = tiny()
+    logits, loss = model(torch.randint(V, (3, 16)))
+    assert logits.shape == (3, 16, V) and loss is None
+
+
+def test_future_tokens_do_not_change_earlier_logits():
+    model = tiny().eval()
+    x = torch.randint(V, (2, 16))
+    changed = x.clone()
+    changed[:, 9:] = (changed[:, 9:] + 1) % V
+    a, _ = model(x)
+    b, _ = model(changed)
+    assert torch.allclose(a[:, :9], b[:, :9], atol=1e-6)
+    assert not torch.allclose(a[:, 9:], b[:, 9:])  # and the mask does not hide the token itself
+    assert torch.isfinite(a[:, 0]).all()
+
+
+def test_position_zero_sees_itself():
+    model = tiny().eval()
+    x = torch.zeros(1, 4, dtype=torch.long)
+    y = x.clone()
+    y[0, 0] = 5
+    assert not torch.allclose(model(x)[0][:, 0], model(y)[0][:, 0])
+
+
+def test_initial_loss_is_about_log_vocab():
+    model = tiny()
+    _, loss = model(torch.randint(V, (8, 16)), torch.randint(V, (8, 16)))
+    assert abs(loss.item() - math.log(V)) < 0.15
+
+
+def test_a_tiny_model_overfits_one_batch():
+    model = tiny(dropout=0.0)
+    x, y = torch.randint(V, (4, 16)), torch.randint(V, (4, 16))
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    for _ in range(150):
+        _, loss = model(x, y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert loss.item() < 0.1
+
+
+def test_too_long_a_sequence_names_both_lengths():
+    with pytest.raises(ValueError, match="17.*16"):
+        tiny()(torch.zeros(1, 17, dtype=torch.long))
+
+
+def test_head_is_tied_to_the_token_embedding():
+    model = tiny()
+    assert model.head.weight is model.tok_emb.weight
+
+
+def test_residual_projections_get_the_scaled_init():
+    model = tiny(n_layer=8, n_embd=64)
+    std = model.blocks[0].attn.proj.weight.std().item()
+    assert abs(std - 0.02 / math.sqrt(16)) < 0.002
+    assert abs(model.blocks[0].attn.qkv.weight.std().item() - 0.02) < 0.002
+
+
+def test_no_bias_means_no_bias_parameters():
+    names = [n for n, _ in tiny(bias=False).named_parameters()]
+    assert not any(n.endswith("bias") for n in names)

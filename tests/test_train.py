@@ -1,0 +1,119 @@
+"""Training, checkpoints and eval through the real CLI (subprocesses) and the real modules."""
+
+import json
+import math
+import shutil
+
+import torch
+
+from charlm.checkpoint import load_checkpoint, save_checkpoint
+from charlm.config import Config, ModelConfig
+from charlm.model import GPT
+from charlm.tokenizer import CharTokenizer
+from conftest import SMALL, assert_one_line_error, run_cli
+
+
+def _metrics(run_dir):
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def _train(run_dir, corpus, *extra, steps=30):
+    return run_cli("train", *SMALL, "--data", corpus, "--out-dir", run_dir, "--max-steps", steps, "--json", *extra,
+                   check=True)
+
+
+def test_tiny_config_leaves_a_complete_run_folder(tmp_path, corpus):
+    result = run_cli("train", "--config", "tiny", "--data", corpus, "--out-dir", tmp_path / "tiny", "--json",
+                     check=True)
+    for name in ("best.pt", "last.pt", "config.yaml", "metrics.jsonl"):
+        assert (tmp_path / "tiny" / name).is_file(), name
+    summary = json.loads(result.stdout)
+    assert summary["steps"] == 200 and summary["tokens"] == 200 * 16 * 32
+    assert summary["full_val_loss"] < 2.7 and summary["tokens_per_s"] > 0
+    assert set(summary) >= {"best_val_loss", "steps", "tokens", "wall_s", "tokens_per_s", "compile_s"}
+    assert len(_metrics(tmp_path / "tiny")) == 4  # every 50 steps
+
+
+def test_eval_json_reports_loss_bpc_perplexity_chars(tmp_path, corpus):
+    _train(tmp_path / "r", corpus)
+    result = run_cli("eval", tmp_path / "r" / "best.pt", "--data", corpus, "--json", check=True)
+    figures = json.loads(result.stdout)
+    assert set(figures) == {"loss", "bpc", "perplexity", "chars"}
+    assert math.isclose(figures["bpc"], figures["loss"] / math.log(2))
+    assert math.isclose(figures["perplexity"], math.exp(figures["loss"]))
+    assert figures["chars"] == 1_115_394 - int(1_115_394 * 0.9) - 1
+
+
+def test_eval_needs_only_the_checkpoint_and_the_text(tmp_path, corpus):
+    _train(tmp_path / "r", corpus)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    shutil.copy(tmp_path / "r" / "best.pt", elsewhere / "model.pt")
+    shutil.copy(corpus, elsewhere / "text.txt")
+    shutil.rmtree(tmp_path / "r")
+    result = run_cli("eval", "model.pt", "--data", "text.txt", "--split", "all", "--json", cwd=elsewhere, check=True)
+    assert json.loads(result.stdout)["chars"] == 1_115_394 - 1
+
+
+def test_eval_refuses_unknown_characters_unless_asked(tmp_path, corpus):
+    _train(tmp_path / "r", corpus)
+    odd = tmp_path / "odd.txt"
+    odd.write_text("ROMEO:\nWhat light through yonder window breaks? \u00bfQu\u00e9?\n" * 20)
+    refused = run_cli("eval", tmp_path / "r" / "best.pt", "--data", odd)
+    assert_one_line_error(refused, 2, "U+00BF", "--unknown")
+    skipped = run_cli("eval", tmp_path / "r" / "best.pt", "--data", odd, "--unknown", "skip", "--json", check=True)
+    assert json.loads(skipped.stdout)["chars"] > 0
+
+
+def test_same_seed_gives_the_same_losses_and_weights(tmp_path, corpus):
+    _train(tmp_path / "a", corpus)
+    _train(tmp_path / "b", corpus)
+    _train(tmp_path / "c", corpus, "--seed", "7")
+    losses = [[(m["train_loss"], m["val_loss"]) for m in _metrics(tmp_path / d)] for d in "abc"]
+    assert losses[0] == losses[1] and losses[0] != losses[2]
+    a, b = (load_checkpoint(tmp_path / d / "last.pt").state["model"] for d in "ab")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_resume_continues_the_step_count(tmp_path, corpus):
+    _train(tmp_path / "r", corpus, steps=20)
+    result = run_cli("train", "--resume", "--out-dir", tmp_path / "r", "--max-steps", "40", "--json", check=True)
+    assert json.loads(result.stdout)["steps"] == 40
+    assert [m["step"] for m in _metrics(tmp_path / "r")] == [10, 20, 30, 40]
+    assert load_checkpoint(tmp_path / "r" / "last.pt").step == 40
+
+
+def test_resume_refuses_to_change_the_model_shape(tmp_path, corpus):
+    _train(tmp_path / "r", corpus, steps=10)
+    result = run_cli("train", "--resume", "--out-dir", tmp_path / "r", "--set", "model.n_layer=3")
+    assert_one_line_error(result, 2, "model.n_layer", "resum")
+
+
+def test_an_existing_run_is_not_overwritten_by_accident(tmp_path, corpus):
+    _train(tmp_path / "r", corpus, steps=10)
+    before = (tmp_path / "r" / "best.pt").read_bytes()
+    result = run_cli("train", *SMALL, "--data", corpus, "--out-dir", tmp_path / "r", "--max-steps", "10")
+    assert_one_line_error(result, 2, "--resume", "--overwrite")
+    assert (tmp_path / "r" / "best.pt").read_bytes() == before
+    run_cli("train", *SMALL, "--data", corpus, "--out-dir", tmp_path / "r", "--max-steps", "10", "--overwrite",
+            check=True)
+
+
+def test_checkpoint_round_trip_reproduces_logits_exactly(tmp_path):
+    torch.manual_seed(0)
+    config = Config(model=ModelConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, dropout=0.1))
+    tokenizer = CharTokenizer.from_text("abcdefgh \n")
+    model = GPT(config.model, tokenizer.vocab_size).eval()
+    save_checkpoint(tmp_path / "m.pt", {"config": config.to_dict(), "vocab": tokenizer.chars,
+                                        "model": model.state_dict(), "step": 3})
+    loaded = load_checkpoint(tmp_path / "m.pt")
+    again = loaded.build_model().eval()
+    x = torch.randint(tokenizer.vocab_size, (2, 16))
+    assert torch.equal(model(x)[0], again(x)[0])
+    assert loaded.tokenizer.chars == tokenizer.chars and loaded.step == 3
+    assert not any(k.startswith("_orig_mod.") for k in loaded.state["model"])
+
+
+def test_missing_data_file_is_a_clear_error(tmp_path):
+    result = run_cli("train", "--config", "tiny", "--data", tmp_path / "nope.txt", "--out-dir", tmp_path / "r")
+    assert_one_line_error(result, 2, "nope.txt", "charlm download")
