@@ -151,6 +151,74 @@ def eval_(
         print_eval_result(result, split)
 
 
+# ---------------------------------------------------------------------------- sample
+
+
+@app.command("sample")
+def sample_(
+    checkpoint: Annotated[str, typer.Argument(help="Checkpoint file, e.g. runs/cpu/best.pt.")],
+    prompt: Annotated[Optional[str], typer.Option(help="Text to continue. Default: a newline.")] = None,
+    prompt_file: Annotated[Optional[Path], typer.Option(help="Read the prompt from this UTF-8 file instead.")] = None,
+    max_new_tokens: Annotated[Optional[int], typer.Option(min=0, help="Characters to generate per sample. Default: the checkpoint's sample.max_new_tokens.")] = None,
+    temperature: Annotated[Optional[float], typer.Option(min=0.0, help="Softmax temperature; 0 = greedy (argmax).")] = None,
+    top_k: Annotated[Optional[int], typer.Option(min=1, help="Keep only the K most likely characters (clamped to the vocabulary).")] = None,
+    top_p: Annotated[Optional[float], typer.Option(help="Nucleus: keep the smallest set of characters reaching probability P (0 < P <= 1).")] = None,
+    seed: Annotated[Optional[int], typer.Option(help="Same seed and options give the same text on the same device.")] = None,
+    num_samples: Annotated[int, typer.Option(min=1, max=1024, help="Samples generated together as one batch.")] = 1,
+    stop: Annotated[Optional[list[str]], typer.Option(help="End a sample at the first occurrence of this string (included). Repeatable.")] = None,
+    unknown: Annotated[str, typer.Option(help="Prompt characters outside the vocabulary: error, skip or replace.")] = "error",
+    replace_with: Annotated[Optional[str], typer.Option(help="Character used by --unknown replace. Default: space.")] = None,
+    device: Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:N or mps.")] = "auto",
+    stream: Annotated[Optional[bool], typer.Option("--stream/--no-stream", help="Print characters as they come (default: on a terminal, with one sample).")] = None,
+    no_cache: Annotated[bool, typer.Option("--no-cache", help="Recompute the whole window every step (slow; the reference path).")] = False,
+    json_out: Annotated[bool, typer.Option("--json", help='Print one JSON object: {"samples": [...], "chars_per_s": ...}.')] = False,
+) -> None:
+    """Generate text from a checkpoint, continuing a prompt (KV-cached; temperature, top-k, top-p, stop strings)."""
+    from charlm.checkpoint import load_checkpoint
+    from charlm.data import read_text
+    from charlm.device import pick_device
+    from charlm.generate import SampleOptions, encode_prompt, sample
+
+    _choice("--unknown", unknown, ("error", "skip", "replace"))
+    if prompt is not None and prompt_file is not None:
+        raise UsageError("give --prompt or --prompt-file, not both")
+    if top_p is not None and not 0.0 < top_p <= 1.0:
+        raise UsageError(f"--top-p must be in (0, 1], got {top_p} (1 keeps every character)")
+    if any(s == "" for s in stop or []):
+        raise UsageError("--stop needs a non-empty string")
+    text = read_text(prompt_file) if prompt_file is not None else ("\n" if prompt is None else prompt)
+    ckpt = load_checkpoint(checkpoint)
+    defaults = ckpt.config.sample
+    prompt_ids = encode_prompt(ckpt.tokenizer, text, unknown, replace_with)
+    model = ckpt.build_model(pick_device(device))
+    options = SampleOptions(
+        max_new_tokens=defaults.max_new_tokens if max_new_tokens is None else max_new_tokens,
+        temperature=defaults.temperature if temperature is None else temperature,
+        top_k=defaults.top_k if top_k is None else top_k,
+        top_p=defaults.top_p if top_p is None else top_p,
+        seed=seed, num_samples=num_samples, stop=stop or [], use_cache=not no_cache,
+    )
+    streaming = not json_out and num_samples == 1 and (stream if stream is not None else sys.stdout.isatty())
+    if streaming:
+        sys.stdout.write(ckpt.tokenizer.decode(prompt_ids))
+        sys.stdout.flush()
+    result = sample(model, ckpt.tokenizer, prompt_ids, options, on_text=_write_flushed if streaming else None)
+    if json_out:
+        _print_json({"samples": result.samples, "chars_per_s": result.chars_per_s})
+    elif streaming:
+        sys.stdout.write("\n")
+    else:
+        for i, text in enumerate(result.samples):
+            if num_samples > 1:
+                sys.stdout.write(f"--- sample {i + 1} ---\n")
+            sys.stdout.write(text + "\n")
+
+
+def _write_flushed(text: str) -> None:
+    sys.stdout.write(text)
+    sys.stdout.flush()
+
+
 def _choice(flag: str, value: str, choices: tuple[str, ...]) -> None:
     if value not in choices:
         raise UsageError(f"{flag} must be one of {', '.join(choices)}, got {value!r}")

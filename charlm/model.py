@@ -11,6 +11,30 @@ from torch import nn
 from charlm.config import ModelConfig
 
 
+class KVCache:
+    """Keys and values of every layer for incremental decoding, preallocated to the context length.
+
+    Each new character then costs one position of work instead of a re-run of the whole context.
+    """
+
+    def __init__(self, n_layer: int, batch: int, n_head: int, max_len: int, head_dim: int,
+                 device: torch.device, dtype: torch.dtype):
+        shape = (n_layer, batch, n_head, max_len, head_dim)
+        self.k = torch.zeros(shape, device=device, dtype=dtype)
+        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        self.length = 0  # positions filled so far (the same for every layer once a forward finishes)
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store this step's (B, nh, T, hd) keys/values; return all of them so far."""
+        end = self.length + k.size(2)
+        self.k[layer, :, :, self.length : end] = k
+        self.v[layer, :, :, self.length : end] = v
+        return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
+
+    def reset(self) -> None:
+        self.length = 0
+
+
 class CausalSelfAttention(nn.Module):
     """All heads in one fused QKV projection and one scaled_dot_product_attention call."""
 
@@ -23,11 +47,20 @@ class CausalSelfAttention(nn.Module):
         self.dropout = config.dropout
         self.resid_dropout = nn.Dropout(config.dropout)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cache: KVCache | None = None, layer: int = 0) -> torch.Tensor:
         B, T, C = x.shape
         q, k, v = self.qkv(x).view(B, T, 3, self.n_head, C // self.n_head).permute(2, 0, 3, 1, 4)  # 3 x (B, nh, T, hd)
         dropout = self.dropout if self.training else 0.0
-        y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True)  # (B, nh, T, hd)
+        if cache is None or cache.length == 0:
+            if cache is not None:
+                cache.update(layer, k, v)
+            y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True)  # (B, nh, T, hd)
+        else:
+            past = cache.length
+            k, v = cache.update(layer, k, v)  # (B, nh, past + T, hd)
+            # new query i sees every cached position and the new ones up to itself
+            mask = None if T == 1 else torch.ones(T, past + T, dtype=torch.bool, device=x.device).tril(past)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         y = y.transpose(1, 2).reshape(B, T, C)  # (B, T, C)
         return self.resid_dropout(self.proj(y))
 
@@ -56,8 +89,8 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.mlp = MLP(config)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.ln_1(x))
+    def forward(self, x: torch.Tensor, cache: KVCache | None = None, layer: int = 0) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x), cache, layer)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -89,20 +122,30 @@ class GPT(nn.Module):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
     def forward(
-        self, idx: torch.Tensor, targets: torch.Tensor | None = None
+        self, idx: torch.Tensor, targets: torch.Tensor | None = None, cache: KVCache | None = None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Logits (B, T, V) and, with targets, the mean cross-entropy. With a cache, idx continues the cached text."""
         B, T = idx.shape
-        if T > self.config.block_size:
-            raise ValueError(f"sequence of length {T} is longer than the model's block_size {self.config.block_size}")
-        pos = torch.arange(T, device=idx.device)
+        past = cache.length if cache is not None else 0
+        if past + T > self.config.block_size:
+            raise ValueError(
+                f"sequence of length {past + T} is longer than the model's block_size {self.config.block_size}"
+            )
+        pos = torch.arange(past, past + T, device=idx.device)
         x = self.drop(self.tok_emb(idx) + self.pos_emb(pos))  # (B, T, C)
-        for block in self.blocks:
-            x = block(x)
+        for layer, block in enumerate(self.blocks):
+            x = block(x, cache, layer)
+        if cache is not None:
+            cache.length += T
         logits = self.head(self.ln_f(x))  # (B, T, V)
         if targets is None:
             return logits, None
         loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
         return logits, loss
+
+    def new_cache(self, batch: int, device: torch.device, dtype: torch.dtype = torch.float32) -> KVCache:
+        c = self.config
+        return KVCache(c.n_layer, batch, c.n_head, c.block_size, c.n_embd // c.n_head, device, dtype)
 
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())

@@ -161,7 +161,9 @@ class Trainer:
         self.best_val = math.inf
         self.evals_since_best = 0
         self.elapsed_before = 0.0  # training seconds in earlier invocations
-        self.forward = model
+        self.train_s = self.eval_s = self.compile_s = 0.0  # this invocation's
+        self.timed_tokens = 0  # tokens of the steps counted in train_s
+        self.forward = model  # what the steps call: the model, or its compiled wrapper
 
     # -- state -----------------------------------------------------------------------------
 
@@ -205,8 +207,6 @@ class Trainer:
     def run(self) -> str:
         """Train until a limit, early stop or signal; evaluate at the end. Returns why it stopped."""
         tc = self.config.train
-        self.train_s = self.eval_s = self.compile_s = 0.0
-        self.timed_tokens = 0
         first_step, last_eval = self.step, self.step
         per_step_tokens = tc.batch_size * tc.grad_accum * self.config.model.block_size
         start = time.perf_counter()

@@ -110,3 +110,11 @@ def server(corpus: Path):
 
 def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory, corpus) -> Path:
+    """best.pt of a small model trained once per test session through the real CLI."""
+    run_dir = tmp_path_factory.mktemp("tiny-run")
+    run_cli("train", *SMALL, "--data", corpus, "--out-dir", run_dir, "--max-steps", 60, check=True)
+    return run_dir / "best.pt"

@@ -117,3 +117,12 @@ def test_checkpoint_round_trip_reproduces_logits_exactly(tmp_path):
 def test_missing_data_file_is_a_clear_error(tmp_path):
     result = run_cli("train", "--config", "tiny", "--data", tmp_path / "nope.txt", "--out-dir", tmp_path / "r")
     assert_one_line_error(result, 2, "nope.txt", "charlm download")
+
+
+def test_train_fetches_the_default_corpus_when_missing(tmp_path, corpus):
+    result = run_cli("train", *SMALL, "--max-steps", "10", "--json", cwd=tmp_path,
+                     env={"CHARLM_DATA_URL": corpus.as_uri()})
+    assert result.returncode == 0, result.stderr
+    assert "downloading tiny-shakespeare" in result.stderr
+    assert (tmp_path / "data" / "tinyshakespeare.txt").stat().st_size == 1_115_394
+    assert (tmp_path / "runs" / "tiny" / "best.pt").is_file()  # default out-dir: runs/<config name>

@@ -1,0 +1,124 @@
+"""Text generation: a KV-cached decoding loop (and a plain reference loop), stop strings, streaming.
+
+Windowing policy (learned absolute positions): the model sees at most block_size characters. When the text no
+longer fits, the window jumps forward to keep only the last block_size // 2 characters, which are re-encoded once;
+the next block_size // 2 characters are then decoded from the cache. Both loops follow this policy, so under greedy
+decoding they produce the same text. A prompt longer than the context is treated the same way.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import torch
+
+from charlm.errors import UsageError
+from charlm.model import GPT
+from charlm.sampling import sample_next
+from charlm.tokenizer import CharTokenizer, UnknownPolicy
+
+ChooseNext = Callable[[torch.Tensor], torch.Tensor]  # logits (B, V) -> ids (B,)
+
+
+def window_start(length: int, start: int, block_size: int) -> int:
+    """Where the model's window begins once the text is `length` long (it began at `start`)."""
+    if length - start > block_size:
+        return length - max(1, block_size // 2)
+    return start
+
+
+@torch.inference_mode()
+def generate_ids(model: GPT, prompt: list[int], max_new_tokens: int, batch: int, choose: ChooseNext,
+                 use_cache: bool = True) -> Iterator[torch.Tensor]:
+    """Yield the next ids (B,) step by step, every row continuing the same prompt."""
+    device = next(model.parameters()).device
+    block_size = model.config.block_size
+    tokens = torch.empty(batch, len(prompt) + max_new_tokens, dtype=torch.long, device=device)
+    tokens[:, : len(prompt)] = torch.tensor(prompt, dtype=torch.long, device=device)
+    n, start = len(prompt), 0
+    cache = model.new_cache(batch, device) if use_cache else None
+    for _ in range(max_new_tokens):
+        new_start = window_start(n, start, block_size)
+        if cache is None:
+            logits = model(tokens[:, new_start:n])[0]  # reference: the whole window, every step
+        elif new_start != start or cache.length == 0:
+            cache.reset()  # (re-)encode the window once
+            logits = model(tokens[:, new_start:n], cache=cache)[0]
+        else:
+            logits = model(tokens[:, n - 1 : n], cache=cache)[0]  # one new position
+        start = new_start
+        next_ids = choose(logits[:, -1])  # (B,)
+        tokens[:, n] = next_ids
+        n += 1
+        yield next_ids
+
+
+@dataclass
+class SampleOptions:
+    max_new_tokens: int = 500
+    temperature: float = 0.8
+    top_k: int | None = None
+    top_p: float = 1.0
+    seed: int | None = None
+    num_samples: int = 1
+    stop: list[str] = field(default_factory=list)
+    use_cache: bool = True
+
+
+@dataclass
+class SampleResult:
+    samples: list[str]  # each starts with the prompt
+    generated_chars: int  # characters generated, over all samples, up to their stop strings
+    seconds: float  # generation time (model loading excluded)
+
+    @property
+    def chars_per_s(self) -> float:
+        return self.generated_chars / self.seconds if self.seconds > 0 else 0.0
+
+
+def encode_prompt(tokenizer: CharTokenizer, prompt: str, unknown: UnknownPolicy, replacement: str | None) -> list[int]:
+    if not prompt:
+        raise UsageError("the prompt is empty; give at least one character (the default prompt is a newline)")
+    ids = tokenizer.encode(prompt, unknown, replacement)
+    if not ids:
+        raise UsageError("no prompt character is in the model's vocabulary, so nothing is left to start from")
+    return ids
+
+
+def sample(model: GPT, tokenizer: CharTokenizer, prompt_ids: list[int], options: SampleOptions,
+           on_text: Callable[[str], None] | None = None) -> SampleResult:
+    """Generate num_samples continuations in one batch; on_text streams sample 0's new characters."""
+    device = next(model.parameters()).device
+    generator = torch.Generator(device=device)
+    generator.manual_seed(options.seed if options.seed is not None else torch.seed())
+
+    def choose(logits: torch.Tensor) -> torch.Tensor:
+        return sample_next(logits, generator, options.temperature, options.top_k, options.top_p)
+
+    prompt = tokenizer.decode(prompt_ids)
+    texts = [[] for _ in range(options.num_samples)]
+    done = [False] * options.num_samples
+    longest_stop = max((len(s) for s in options.stop), default=0)
+    model.eval()
+    started = time.perf_counter()
+    steps = generate_ids(model, prompt_ids, options.max_new_tokens, options.num_samples, choose, options.use_cache)
+    for next_ids in steps:
+        for i, char in enumerate(tokenizer.decode([t]) for t in next_ids.tolist()):
+            if done[i]:
+                continue
+            texts[i].append(char)
+            if i == 0 and on_text:
+                on_text(char)
+            if longest_stop and _ends_with_stop(texts[i], options.stop, longest_stop):
+                done[i] = True
+        if all(done):
+            break
+    seconds = time.perf_counter() - started
+    return SampleResult([prompt + "".join(t) for t in texts], sum(len(t) for t in texts), seconds)
+
+
+def _ends_with_stop(chars: list[str], stops: list[str], longest: int) -> bool:
+    tail = "".join(chars[-longest:])
+    return any(tail.endswith(s) for s in stops)

@@ -1,0 +1,65 @@
+"""The pure next-character function, on hand-made logits."""
+
+import torch
+
+from charlm.sampling import filter_top_k, filter_top_p, sample_next
+
+LOGITS = torch.tensor([[1.0, 3.0, 2.0, 0.5], [0.0, -1.0, 4.0, 4.5]])
+
+
+def gen(seed=0):
+    return torch.Generator().manual_seed(seed)
+
+
+def test_temperature_zero_is_greedy():
+    assert sample_next(LOGITS, gen(), temperature=0).tolist() == [1, 3]
+
+
+def test_top_k_one_is_greedy_whatever_the_temperature():
+    for seed in range(20):
+        assert sample_next(LOGITS, gen(seed), temperature=5.0, top_k=1).tolist() == [1, 3]
+
+
+def test_top_k_above_the_vocabulary_keeps_everything():
+    assert torch.equal(filter_top_k(LOGITS, 100), LOGITS)
+
+
+def test_top_k_keeps_exactly_k():
+    kept = torch.isfinite(filter_top_k(LOGITS, 2))
+    assert kept.tolist() == [[False, True, True, False], [False, False, True, True]]
+
+
+def test_a_tiny_top_p_keeps_exactly_one_character():
+    kept = torch.isfinite(filter_top_p(LOGITS, 1e-6))
+    assert kept.sum(dim=-1).tolist() == [1, 1]
+    assert kept[0, 1] and kept[1, 3]
+    for seed in range(20):
+        assert sample_next(LOGITS, gen(seed), temperature=1.0, top_p=1e-6).tolist() == [1, 3]
+
+
+def test_top_p_keeps_the_smallest_set_reaching_p():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    assert torch.isfinite(filter_top_p(logits, 0.8)).tolist() == [[True, True, False, False]]
+    assert torch.isfinite(filter_top_p(logits, 0.81)).tolist() == [[True, True, True, False]]
+    assert torch.isfinite(filter_top_p(logits, 1.0)).all()
+
+
+def test_same_generator_seed_gives_the_same_draws_and_others_differ():
+    logits = torch.zeros(64, 10)
+    a = sample_next(logits, gen(1), temperature=1.0)
+    b = sample_next(logits, gen(1), temperature=1.0)
+    c = sample_next(logits, gen(2), temperature=1.0)
+    assert torch.equal(a, b) and not torch.equal(a, c)
+
+
+def test_draws_follow_the_distribution():
+    logits = torch.log(torch.tensor([[0.7, 0.2, 0.1]])).expand(20000, 3)
+    counts = torch.bincount(sample_next(logits, gen(0), temperature=1.0), minlength=3) / 20000
+    assert torch.allclose(counts, torch.tensor([0.7, 0.2, 0.1]), atol=0.02)
+
+
+def test_low_temperature_sharpens():
+    logits = torch.tensor([[1.0, 2.0]]).expand(5000, 2)
+    hot = sample_next(logits, gen(0), temperature=2.0).float().mean()
+    cold = sample_next(logits, gen(0), temperature=0.2).float().mean()
+    assert cold > hot
