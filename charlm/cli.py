@@ -95,7 +95,8 @@ def train(
     """Train a model; with no options, trains configs/cpu.yaml on tiny-shakespeare (downloaded when missing)."""
     from charlm import config as cfg
     from charlm.download import DEFAULT_DEST, ensure_corpus
-    from charlm.progress import TrainReporter, print_train_summary
+    from charlm.progress import TrainReporter
+    from charlm.report import print_train_summary
     from charlm.train import run_training
 
     if resume and overwrite:
@@ -138,7 +139,7 @@ def eval_(
 ) -> None:
     """Score a checkpoint on text in one deterministic full pass: nats/char, bits/char, perplexity."""
     from charlm.evaluate import evaluate_checkpoint
-    from charlm.progress import print_eval_result
+    from charlm.report import print_eval_result
 
     _choice("--split", split, ("train", "val", "all"))
     _choice("--unknown", unknown, ("error", "skip", "replace"))
@@ -217,6 +218,38 @@ def sample_(
 def _write_flushed(text: str) -> None:
     sys.stdout.write(text)
     sys.stdout.flush()
+
+
+# ---------------------------------------------------------------------------- info
+
+
+@app.command()
+def info(
+    checkpoint: Annotated[Optional[str], typer.Argument(help="Checkpoint file; or use --config.")] = None,
+    config: Annotated[Optional[str], typer.Option("--config", "-c", help="YAML config or shipped config name (no data needed). Default: cpu.")] = None,
+    set_: Annotated[Optional[list[str]], typer.Option("--set", help="Override one key: section.key=value (repeatable).")] = None,
+    vocab_size: Annotated[int, typer.Option(min=1, help="Vocabulary size with --config (tiny-shakespeare has 65).")] = 65,
+    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object (total_params, flops_per_token, components).")] = False,
+) -> None:
+    """Parameters per component and training FLOPs per token, each beside its formula."""
+    from charlm import config as cfg
+    from charlm.checkpoint import load_checkpoint
+    from charlm.info import model_info
+    from charlm.report import print_model_info
+
+    if checkpoint is not None and (config is not None or set_):
+        raise UsageError("give a checkpoint or --config/--set, not both")
+    if checkpoint is not None:
+        ckpt = load_checkpoint(checkpoint)
+        model_config, vocab, title = ckpt.config.model, ckpt.tokenizer.vocab_size, checkpoint
+    else:
+        model_config = cfg.load_config(config or cfg.DEFAULT_CONFIG, set_ or []).model
+        vocab, title = vocab_size, f"{config or cfg.DEFAULT_CONFIG} (vocabulary {vocab_size})"
+    result = model_info(model_config, vocab)
+    if json_out:
+        _print_json(result.to_dict())
+    else:
+        print_model_info(result, title)
 
 
 def _choice(flag: str, value: str, choices: tuple[str, ...]) -> None:

@@ -45,6 +45,14 @@ class ModelConfig:
     block_size: int = _f(64, "context length in characters", ge=1)
     dropout: float = _f(0.0, "dropout probability in attention, MLP and embeddings", ge=0.0, lt=1.0)
     bias: bool = _f(True, "biases in Linear layers and LayerNorms")
+    pos_encoding: Literal["learned", "sinusoidal", "rope", "alibi"] = _f(
+        "learned", "positions: learned or sinusoidal (absolute, added to embeddings); rope or alibi (relative, in attention)"
+    )
+    norm: Literal["layernorm", "rmsnorm"] = _f("layernorm", "normalisation layer")
+    norm_position: Literal["pre", "post"] = _f("pre", "pre: x + f(norm(x)) (GPT-2); post: norm(x + f(x)) (original paper)")
+    activation: Literal["relu", "gelu", "swiglu"] = _f("gelu", "feed-forward activation (swiglu uses 2/3 of the hidden width)")
+    ffn_mult: float = _f(4.0, "feed-forward hidden width as a multiple of n_embd", gt=0.0)
+    tie_weights: bool = _f(True, "share the output head's weights with the token embedding")
 
 
 @dataclass
@@ -289,6 +297,8 @@ def _check_ranges(config: Config, given: dict[str, dict[str, Any]]) -> list[str]
     m = config.model
     if m.n_embd % m.n_head:
         errors.append(f"model.n_embd ({m.n_embd}) must be divisible by model.n_head ({m.n_head})")
+    if m.pos_encoding == "rope" and m.n_embd % m.n_head == 0 and (m.n_embd // m.n_head) % 2:
+        errors.append(f"model.pos_encoding rope needs an even head size, but n_embd / n_head = {m.n_embd // m.n_head}")
     if config.train.max_steps == 0 and config.train.max_seconds == 0:
         errors.append("train.max_steps and train.max_seconds are both 0: set at least one limit")
     device = config.train.device

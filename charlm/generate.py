@@ -1,9 +1,13 @@
 """Text generation: a KV-cached decoding loop (and a plain reference loop), stop strings, streaming.
 
-Windowing policy (learned absolute positions): the model sees at most block_size characters. When the text no
-longer fits, the window jumps forward to keep only the last block_size // 2 characters, which are re-encoded once;
-the next block_size // 2 characters are then decoded from the cache. Both loops follow this policy, so under greedy
-decoding they produce the same text. A prompt longer than the context is treated the same way.
+Windowing policy. Every position sees at most block_size characters: itself and those before it.
+- Absolute positions (learned, sinusoidal): when the text no longer fits, the window jumps forward to keep only the
+  last block_size // 2 characters, which are re-encoded once; the next block_size // 2 characters are then decoded
+  from the cache. A prompt longer than the context is treated the same way.
+- Relative positions (RoPE, ALiBi): the window rolls forward one character per step; the cache drops its oldest
+  position and nothing is re-encoded. Each position keeps the keys and values it had when it was decoded, so the
+  model acts as a sliding-window Transformer over the whole text.
+Both loops follow the same policy, so under greedy decoding they produce the same text.
 """
 
 from __future__ import annotations
@@ -39,16 +43,25 @@ def generate_ids(model: GPT, prompt: list[int], max_new_tokens: int, batch: int,
     tokens[:, : len(prompt)] = torch.tensor(prompt, dtype=torch.long, device=device)
     n, start = len(prompt), 0
     cache = model.new_cache(batch, device) if use_cache else None
+    # How far back the last position can see through n_layer sliding windows (relative encodings).
+    reach = model.config.n_layer * (block_size - 1) + 1
     for _ in range(max_new_tokens):
-        new_start = window_start(n, start, block_size)
-        if cache is None:
-            logits = model(tokens[:, new_start:n])[0]  # reference: the whole window, every step
-        elif new_start != start or cache.length == 0:
-            cache.reset()  # (re-)encode the window once
-            logits = model(tokens[:, new_start:n], cache=cache)[0]
+        if model.relative_positions:
+            first = max(0, n - reach)
+            if cache is None or cache.length == 0:  # reference every step, or the cached path's first chunk
+                logits = model(tokens[:, first:n], cache=cache, start_pos=first)[0]
+            else:
+                logits = model(tokens[:, n - 1 : n], cache=cache)[0]  # one new position; the oldest rolls out
         else:
-            logits = model(tokens[:, n - 1 : n], cache=cache)[0]  # one new position
-        start = new_start
+            new_start = window_start(n, start, block_size)
+            if cache is None:
+                logits = model(tokens[:, new_start:n])[0]  # reference: the whole window, every step
+            elif new_start != start or cache.length == 0:
+                cache.reset()  # (re-)encode the window once
+                logits = model(tokens[:, new_start:n], cache=cache)[0]
+            else:
+                logits = model(tokens[:, n - 1 : n], cache=cache)[0]  # one new position
+            start = new_start
         next_ids = choose(logits[:, -1])  # (B,)
         tokens[:, n] = next_ids
         n += 1

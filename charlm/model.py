@@ -1,4 +1,8 @@
-"""Decoder-only Transformer for characters: one small class per concept, shapes in comments."""
+"""Decoder-only Transformer for characters: one small class per concept, shapes in comments.
+
+The design choices from the classic texts are config keys (see ModelConfig): positional encoding, norm and its
+position, activation, feed-forward width, weight tying, biases. Their building blocks live in layers.py.
+"""
 
 from __future__ import annotations
 
@@ -9,12 +13,16 @@ import torch.nn.functional as F
 from torch import nn
 
 from charlm.config import ModelConfig
+from charlm.layers import MLP, Rotary, SinusoidalPositions, alibi_slopes, attention_mask, make_norm
+
+RELATIVE = ("rope", "alibi")  # encodings under which attention depends on distances only
 
 
 class KVCache:
-    """Keys and values of every layer for incremental decoding, preallocated to the context length.
+    """Keys and values of every layer for incremental decoding, one slot per position of the context.
 
-    Each new character then costs one position of work instead of a re-run of the whole context.
+    Position p lives in slot p % max_len, so once the cache is full each new position overwrites the oldest one:
+    with relative positions (RoPE, ALiBi) the window rolls forward without re-encoding anything.
     """
 
     def __init__(self, n_layer: int, batch: int, n_head: int, max_len: int, head_dim: int,
@@ -22,17 +30,33 @@ class KVCache:
         shape = (n_layer, batch, n_head, max_len, head_dim)
         self.k = torch.zeros(shape, device=device, dtype=dtype)
         self.v = torch.zeros(shape, device=device, dtype=dtype)
-        self.length = 0  # positions filled so far (the same for every layer once a forward finishes)
-
-    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store this step's (B, nh, T, hd) keys/values; return all of them so far."""
-        end = self.length + k.size(2)
-        self.k[layer, :, :, self.length : end] = k
-        self.v[layer, :, :, self.length : end] = v
-        return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
+        self.pos = torch.zeros(max_len, dtype=torch.long, device=device)  # the position held in each slot
+        self.max_len = max_len
+        self.length = 0  # the next position (0: empty)
 
     def reset(self) -> None:
         self.length = 0
+
+    def advance(self, pos: torch.Tensor, next_position: int) -> None:
+        """Once per forward, before the layers: claim the slots of this step's positions (T,)."""
+        if self.length and len(pos) != 1:
+            raise ValueError("a non-empty KV cache takes one new position at a time")
+        self.prefill = self.length == 0
+        kept = pos[-self.max_len :]
+        self.slots = kept % self.max_len
+        self.pos[self.slots] = kept
+        self.step_pos = pos
+        self.length = next_position
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Store this step's (B, nh, T, hd) keys/values; return the keys, values and positions to attend to."""
+        kept = len(self.slots)
+        self.k[layer].index_copy_(2, self.slots, k[:, :, -kept:])
+        self.v[layer].index_copy_(2, self.slots, v[:, :, -kept:])
+        if self.prefill:  # a first chunk attends to itself (all of it, even beyond max_len)
+            return k, v, self.step_pos
+        filled = min(self.length, self.max_len)
+        return self.k[layer, :, :, :filled], self.v[layer, :, :, :filled], self.pos[:filled]
 
 
 class CausalSelfAttention(nn.Module):
@@ -41,74 +65,89 @@ class CausalSelfAttention(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.n_head = config.n_head
+        self.window = config.block_size  # each position sees itself and block_size - 1 before it
         self.qkv = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
         self.proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.proj.residual_projection = True  # scaled at init (GPT-2)
         self.dropout = config.dropout
         self.resid_dropout = nn.Dropout(config.dropout)
+        self.rotary = Rotary(config.n_embd // config.n_head) if config.pos_encoding == "rope" else None
+        slopes = alibi_slopes(config.n_head) if config.pos_encoding == "alibi" else None
+        self.register_buffer("slopes", slopes, persistent=False)
 
-    def forward(self, x: torch.Tensor, cache: KVCache | None = None, layer: int = 0) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, pos: torch.Tensor, cache: KVCache | None = None, layer: int = 0) -> torch.Tensor:
         B, T, C = x.shape
         q, k, v = self.qkv(x).view(B, T, 3, self.n_head, C // self.n_head).permute(2, 0, 3, 1, 4)  # 3 x (B, nh, T, hd)
-        dropout = self.dropout if self.training else 0.0
-        if cache is None or cache.length == 0:
-            if cache is not None:
-                cache.update(layer, k, v)
-            y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True)  # (B, nh, T, hd)
-        else:
-            past = cache.length
-            k, v = cache.update(layer, k, v)  # (B, nh, past + T, hd)
-            # new query i sees every cached position and the new ones up to itself
-            mask = None if T == 1 else torch.ones(T, past + T, dtype=torch.bool, device=x.device).tril(past)
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        if self.rotary is not None:
+            q, k = self.rotary(q, pos), self.rotary(k, pos)
+        k_pos = pos
+        if cache is not None:
+            k, v, k_pos = cache.update(layer, k, v)  # (B, nh, S, hd), (S,)
+        y = self._attend(q, k, v, pos, k_pos)  # (B, nh, T, hd)
         y = y.transpose(1, 2).reshape(B, T, C)  # (B, T, C)
         return self.resid_dropout(self.proj(y))
 
-
-class MLP(nn.Module):
-    """Position-wise feed-forward: C -> 4C -> C with GELU."""
-
-    def __init__(self, config: ModelConfig):
-        super().__init__()
-        self.fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
-        self.proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
-        self.proj.residual_projection = True
-        self.dropout = nn.Dropout(config.dropout)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.dropout(self.proj(F.gelu(self.fc(x))))
+    def _attend(self, q, k, v, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+        T, S = q.size(2), k.size(2)
+        dropout = self.dropout if self.training else 0.0
+        if self.slopes is None and T == S and T <= self.window:  # training, or a first chunk within the window
+            return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True)
+        if self.slopes is None and T == 1:  # one new position: every cached key is in its window
+            return F.scaled_dot_product_attention(q, k, v)
+        mask = attention_mask(q_pos, k_pos, self.window, self.slopes, q.dtype)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)
 
 
 class Block(nn.Module):
-    """Pre-LayerNorm residual block: x + attn(ln(x)), then x + mlp(ln(x))."""
+    """Residual block. pre: x + attn(norm(x)), then x + mlp(norm(x)); post: norm(x + attn(x)), then norm(x + mlp(x))."""
 
     def __init__(self, config: ModelConfig):
         super().__init__()
-        self.ln_1 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.pre = config.norm_position == "pre"
+        self.ln_1 = make_norm(config)
         self.attn = CausalSelfAttention(config)
-        self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.ln_2 = make_norm(config)
         self.mlp = MLP(config)
 
-    def forward(self, x: torch.Tensor, cache: KVCache | None = None, layer: int = 0) -> torch.Tensor:
-        x = x + self.attn(self.ln_1(x), cache, layer)
-        return x + self.mlp(self.ln_2(x))
+    def forward(self, x: torch.Tensor, pos: torch.Tensor, cache: KVCache | None = None, layer: int = 0) -> torch.Tensor:
+        if self.pre:
+            x = x + self.attn(self.ln_1(x), pos, cache, layer)
+            return x + self.mlp(self.ln_2(x))
+        x = self.ln_1(x + self.attn(x, pos, cache, layer))
+        return self.ln_2(x + self.mlp(x))
+
+
+def absolute_positions(config: ModelConfig) -> nn.Module | None:
+    """The module adding positions to the embeddings; None for relative encodings, which act inside attention."""
+    if config.pos_encoding == "learned":
+        return nn.Embedding(config.block_size, config.n_embd)
+    if config.pos_encoding == "sinusoidal":
+        return SinusoidalPositions(config.block_size, config.n_embd)
+    return None
 
 
 class GPT(nn.Module):
-    """Token + learned position embeddings, n_layer blocks, final LayerNorm, head tied to the token embedding."""
+    """Token embedding (+ absolute positions), n_layer blocks, a final norm (pre-LN), and the output head."""
 
     def __init__(self, config: ModelConfig, vocab_size: int):
         super().__init__()
         self.config = config
         self.vocab_size = vocab_size
         self.tok_emb = nn.Embedding(vocab_size, config.n_embd)
-        self.pos_emb = nn.Embedding(config.block_size, config.n_embd)
+        self.pos_emb = absolute_positions(config)
         self.drop = nn.Dropout(config.dropout)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
-        self.ln_f = nn.LayerNorm(config.n_embd, bias=config.bias)
+        # Post-LN blocks already end in a norm; pre-LN needs one before the head.
+        self.ln_f = make_norm(config) if config.norm_position == "pre" else nn.Identity()
         self.head = nn.Linear(config.n_embd, vocab_size, bias=False)
-        self.head.weight = self.tok_emb.weight  # weight tying
+        if config.tie_weights:
+            self.head.weight = self.tok_emb.weight
         self.apply(self._init_weights)
+
+    @property
+    def relative_positions(self) -> bool:
+        """True when attention depends only on distances, so the context can roll instead of being re-encoded."""
+        return self.config.pos_encoding in RELATIVE
 
     def _init_weights(self, module: nn.Module) -> None:
         if isinstance(module, nn.Linear):
@@ -122,21 +161,29 @@ class GPT(nn.Module):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
     def forward(
-        self, idx: torch.Tensor, targets: torch.Tensor | None = None, cache: KVCache | None = None
+        self, idx: torch.Tensor, targets: torch.Tensor | None = None, cache: KVCache | None = None,
+        start_pos: int = 0,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Logits (B, T, V) and, with targets, the mean cross-entropy. With a cache, idx continues the cached text."""
+        """Logits (B, T, V) and, with targets, the mean cross-entropy.
+
+        Positions start at start_pos, or continue the cached text. Absolute encodings allow at most block_size
+        positions; relative ones any number, each position attending to the block_size - 1 before it.
+        """
         B, T = idx.shape
-        past = cache.length if cache is not None else 0
-        if past + T > self.config.block_size:
+        first = cache.length if cache is not None and cache.length else start_pos
+        if not self.relative_positions and first + T > self.config.block_size:
             raise ValueError(
-                f"sequence of length {past + T} is longer than the model's block_size {self.config.block_size}"
+                f"sequence of length {first + T} is longer than the model's block_size {self.config.block_size}"
             )
-        pos = torch.arange(past, past + T, device=idx.device)
-        x = self.drop(self.tok_emb(idx) + self.pos_emb(pos))  # (B, T, C)
-        for layer, block in enumerate(self.blocks):
-            x = block(x, cache, layer)
+        pos = torch.arange(first, first + T, device=idx.device)
         if cache is not None:
-            cache.length += T
+            cache.advance(pos, first + T)
+        x = self.tok_emb(idx)  # (B, T, C)
+        if self.pos_emb is not None:
+            x = x + self.pos_emb(pos)
+        x = self.drop(x)
+        for layer, block in enumerate(self.blocks):
+            x = block(x, pos, cache, layer)
         logits = self.head(self.ln_f(x))  # (B, T, V)
         if targets is None:
             return logits, None

@@ -102,25 +102,3 @@ class DownloadBar:
     def __exit__(self, *exc: object) -> None:
         if self.bar is not None:
             self.bar.close()
-
-
-def print_train_summary(summary) -> None:
-    """The end-of-training report, for people (scripts use --json)."""
-    out = stdout_console()
-    s = summary
-    out.print(
-        f"[bold]done[/bold] ({s.stop_reason}): {s.steps:,} steps, {s.tokens:,} tokens, {s.wall_s:.1f} s wall, "
-        f"{s.tokens_per_s:,.0f} tokens/s" + (f", compile {s.compile_s:.1f} s" if s.compile_s else "")
-    )
-    out.print(
-        f"best val loss {s.best_val_loss:.4f} nats/char (sampled windows); full validation pass of best.pt: "
-        f"[bold]{s.full_val_loss:.4f} nats/char, {s.full_val_bpc:.4f} bits/char[/bold]"
-    )
-    out.print(f"checkpoints in {s.out_dir}: best.pt, last.pt; metrics in {s.out_dir}/metrics.jsonl")
-
-
-def print_eval_result(result, split: str) -> None:
-    stdout_console().print(
-        f"{split}: loss {result.loss:.4f} nats/char, {result.bpc:.4f} bits/char, "
-        f"perplexity {result.perplexity:.3f}, {result.chars:,} characters scored"
-    )

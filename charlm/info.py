@@ -1,0 +1,72 @@
+"""Parameter counts per component and training FLOPs per token, each beside its closed-form formula."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from charlm.config import ModelConfig
+from charlm.layers import ffn_hidden
+
+
+@dataclass
+class Row:
+    component: str
+    params: int
+    formula: str
+    per_layer: bool = False  # counted once per layer (the total multiplies it by n_layer)
+
+
+@dataclass
+class ModelInfo:
+    rows: list[Row]
+    n_layer: int
+    total_params: int
+    flops_per_token: int
+    flops_formula: str
+
+    def to_dict(self) -> dict:
+        return {
+            "total_params": self.total_params, "flops_per_token": self.flops_per_token,
+            "flops_formula": self.flops_formula, "components": [asdict(r) for r in self.rows],
+        }
+
+
+def _norm(config: ModelConfig) -> tuple[int, str]:
+    d = config.n_embd
+    if config.norm == "rmsnorm":
+        return d, "d"
+    return (2 * d, "2·d") if config.bias else (d, "d")
+
+
+def model_info(config: ModelConfig, vocab_size: int) -> ModelInfo:
+    d, L, V, T = config.n_embd, config.n_layer, vocab_size, config.block_size
+    b = 1 if config.bias else 0
+    h = ffn_hidden(config)
+    norm, norm_f = _norm(config)
+    rows = [Row("token embedding", V * d, "V·d")]
+    if config.pos_encoding == "learned":
+        rows.append(Row("positional embedding (learned)", T * d, "block_size·d"))
+    else:
+        rows.append(Row(f"positional encoding ({config.pos_encoding})", 0, "no parameters"))
+
+    attn = 4 * d * d + b * 4 * d
+    rows.append(Row("attention Q/K/V/output", attn, "4·d² + 4·d" if b else "4·d²", per_layer=True))
+    if config.activation == "swiglu":
+        ffn, ffn_f = 3 * d * h + b * (2 * h + d), "3·d·d_ff + 2·d_ff + d" if b else "3·d·d_ff"
+    else:
+        ffn, ffn_f = 2 * d * h + b * (h + d), "2·d·d_ff + d_ff + d" if b else "2·d·d_ff"
+    rows.append(Row(f"feed-forward ({config.activation}, d_ff = {h})", ffn, ffn_f, per_layer=True))
+    rows.append(Row(f"norms ({config.norm}, {config.norm_position})", 2 * norm, f"2·{norm_f}", per_layer=True))
+    if config.norm_position == "pre":
+        rows.append(Row("final norm", norm, norm_f))
+    if config.tie_weights:
+        rows.append(Row("output head (tied to the token embedding)", 0, "shares V·d"))
+    else:
+        rows.append(Row("output head", d * V, "d·V"))
+
+    total = sum(r.params * (L if r.per_layer else 1) for r in rows)
+    # Matmul weights only: embedding lookups cost no FLOPs, the head does (tied or not).
+    n_matmul = L * (attn + ffn) + d * V
+    flops = 6 * n_matmul + 12 * L * d * T
+    formula = "6·N + 12·L·d·T"  # N: matmul weights, L·(attention + feed-forward) + d·V; T = block_size
+    return ModelInfo(rows, L, total, flops, formula)

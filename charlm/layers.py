@@ -1,0 +1,124 @@
+"""The interchangeable pieces from the classic Transformer texts: positional encodings, norms, feed-forwards."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from charlm.config import ModelConfig
+
+# ---------------------------------------------------------------------------- positional encodings
+
+
+def sinusoidal_table(length: int, dim: int) -> torch.Tensor:
+    """PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(pos / 10000^(2i/d)); shape (length, dim)."""
+    pos = torch.arange(length, dtype=torch.float32)[:, None]  # (L, 1)
+    two_i = torch.arange(0, dim, 2, dtype=torch.float32)  # (d/2,)
+    angles = pos / torch.pow(10000.0, two_i / dim)  # (L, d/2)
+    table = torch.zeros(length, dim)
+    table[:, 0::2] = torch.sin(angles)
+    table[:, 1::2] = torch.cos(angles[:, : dim // 2])
+    return table
+
+
+class SinusoidalPositions(nn.Module):
+    """The original paper's fixed encoding, added to the token embeddings; no parameters."""
+
+    def __init__(self, block_size: int, dim: int):
+        super().__init__()
+        self.register_buffer("table", sinusoidal_table(block_size, dim), persistent=False)
+
+    def forward(self, pos: torch.Tensor) -> torch.Tensor:
+        return self.table[pos]  # (T, C)
+
+
+class Rotary(nn.Module):
+    """RoPE: rotate each (even, odd) pair of query/key features by an angle proportional to the position.
+
+    Attention scores then depend only on relative positions, for any position (no table to outgrow).
+    """
+
+    def __init__(self, head_dim: int, base: float = 10000.0):
+        super().__init__()
+        inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def forward(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        """x: (B, nh, T, hd), pos: (T,) absolute positions."""
+        angles = pos.to(self.inv_freq.dtype)[:, None] * self.inv_freq  # (T, hd/2)
+        cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+        even, odd = x[..., 0::2], x[..., 1::2]
+        return torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1).flatten(-2)
+
+
+def alibi_slopes(n_head: int) -> torch.Tensor:
+    """Per-head slopes 2^(-8/n), 2^(-16/n), ... (Press et al.), with the paper's rule for non-powers of two."""
+    def powers(n: int) -> list[float]:
+        start = 2 ** (-8 / n)
+        return [start ** (i + 1) for i in range(n)]
+
+    if math.log2(n_head).is_integer():
+        return torch.tensor(powers(n_head))
+    closest = 2 ** math.floor(math.log2(n_head))
+    return torch.tensor(powers(closest) + powers(2 * closest)[0::2][: n_head - closest])
+
+
+def attention_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int, slopes: torch.Tensor | None,
+                   dtype: torch.dtype) -> torch.Tensor:
+    """Each query sees itself and the window - 1 positions before it, never the future.
+
+    Without ALiBi: a boolean (Tq, Tk) mask. With ALiBi: an additive (nh, Tq, Tk) bias of -slope x distance, -inf
+    outside the window.
+    """
+    distance = q_pos[:, None] - k_pos[None, :]  # (Tq, Tk)
+    allowed = (distance >= 0) & (distance < window)
+    if slopes is None:
+        return allowed
+    bias = -slopes.to(dtype)[:, None, None] * distance.to(dtype)  # (nh, Tq, Tk)
+    return bias.masked_fill(~allowed, float("-inf"))
+
+
+# ---------------------------------------------------------------------------- norms
+
+
+def make_norm(config: ModelConfig) -> nn.Module:
+    if config.norm == "rmsnorm":
+        return nn.RMSNorm(config.n_embd, eps=1e-5)
+    return nn.LayerNorm(config.n_embd, bias=config.bias)
+
+
+# ---------------------------------------------------------------------------- feed-forward
+
+
+def ffn_hidden(config: ModelConfig) -> int:
+    """Hidden width: ffn_mult x d; for SwiGLU two thirds of that, so its three matrices hold as many weights as two."""
+    hidden = config.ffn_mult * config.n_embd
+    return round(2 * hidden / 3) if config.activation == "swiglu" else round(hidden)
+
+
+class MLP(nn.Module):
+    """Position-wise feed-forward: d -> hidden -> d with ReLU or GELU, or SwiGLU (silu(xW1) * xW3) W2."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        hidden = ffn_hidden(config)
+        self.activation = config.activation
+        gates = 2 if config.activation == "swiglu" else 1
+        self.fc = nn.Linear(config.n_embd, gates * hidden, bias=config.bias)
+        self.proj = nn.Linear(hidden, config.n_embd, bias=config.bias)
+        self.proj.residual_projection = True  # scaled at init (GPT-2)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc(x)
+        if self.activation == "swiglu":
+            gate, value = h.chunk(2, dim=-1)
+            h = F.silu(gate) * value
+        elif self.activation == "relu":
+            h = F.relu(h)
+        else:
+            h = F.gelu(h)
+        return self.dropout(self.proj(h))

@@ -1,0 +1,50 @@
+"""What commands print for people at the end (scripts use --json instead)."""
+
+from __future__ import annotations
+
+from rich.table import Table
+
+from charlm.evaluate import EvalResult
+from charlm.info import ModelInfo
+from charlm.progress import stdout_console
+from charlm.train import TrainSummary
+
+
+def print_train_summary(summary: TrainSummary) -> None:
+    """The end-of-training report, for people (scripts use --json)."""
+    out = stdout_console()
+    s = summary
+    out.print(
+        f"[bold]done[/bold] ({s.stop_reason}): {s.steps:,} steps, {s.tokens:,} tokens, {s.wall_s:.1f} s wall, "
+        f"{s.tokens_per_s:,.0f} tokens/s" + (f", compile {s.compile_s:.1f} s" if s.compile_s else "")
+    )
+    out.print(
+        f"best val loss {s.best_val_loss:.4f} nats/char (sampled windows); full validation pass of best.pt: "
+        f"[bold]{s.full_val_loss:.4f} nats/char, {s.full_val_bpc:.4f} bits/char[/bold]"
+    )
+    out.print(f"checkpoints in {s.out_dir}: best.pt, last.pt; metrics in {s.out_dir}/metrics.jsonl")
+
+
+def print_eval_result(result: EvalResult, split: str) -> None:
+    stdout_console().print(
+        f"{split}: loss {result.loss:.4f} nats/char, {result.bpc:.4f} bits/char, "
+        f"perplexity {result.perplexity:.3f}, {result.chars:,} characters scored"
+    )
+
+
+def print_model_info(info: ModelInfo, title: str) -> None:
+    table = Table(title=title, title_justify="left", caption_justify="left",
+                  caption="d = n_embd, L = n_layer, T = block_size, V = vocabulary; N = matmul weights = "
+                          "L·(attention + feed-forward) + d·V (embedding lookups cost no FLOPs)")
+    table.add_column("component")
+    table.add_column("parameters", justify="right")
+    table.add_column("formula")
+    for row in info.rows:
+        name = f"  per layer: {row.component}" if row.per_layer else row.component
+        table.add_row(name, f"{row.params:,}", row.formula)
+    per_layer = sum(r.params for r in info.rows if r.per_layer)
+    table.add_row(f"  all {info.n_layer} layers", f"{per_layer * info.n_layer:,}", "n_layer × (per-layer rows)")
+    table.add_section()
+    table.add_row("[bold]total[/bold]", f"[bold]{info.total_params:,}[/bold]", "sum of the rows (= sum of p.numel())")
+    table.add_row("training FLOPs per token", f"{info.flops_per_token:,}", info.flops_formula)
+    stdout_console().print(table)
