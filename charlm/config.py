@@ -67,6 +67,10 @@ class TrainConfig:
     beta1: float = _f(0.9, "AdamW beta1", ge=0.0, lt=1.0)
     beta2: float = _f(0.99, "AdamW beta2", ge=0.0, lt=1.0)
     warmup_steps: int = _f(0, "linear learning-rate warmup from 0 over this many steps", ge=0)
+    lr_schedule: Literal["plateau", "cosine", "linear"] = _f(
+        "plateau", "after warmup: plateau = ReduceLROnPlateau on validation loss; cosine or linear = decay to min_lr "
+        "over the run's budget (max_steps or max_seconds, whichever is nearer)"
+    )
     grad_clip: float = _f(1.0, "clip the gradient norm to this value (0 = no clipping)", ge=0.0)
     eval_interval: int = _f(250, "evaluate every this many optimizer steps", ge=1)
     eval_windows: int = _f(128, "fixed validation windows scored at each periodic evaluation", ge=1)

@@ -1,4 +1,4 @@
-"""The training loop: AdamW, warmup then ReduceLROnPlateau, periodic evaluation, checkpoints, limits.
+"""The training loop: AdamW, warmup then ReduceLROnPlateau (or a decay), periodic evaluation, checkpoints, limits.
 
 The loop knows nothing about the model's internals: it calls model(x, y) -> (logits, loss) and model.parameters().
 """
@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import signal
+import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -35,7 +36,7 @@ RUN_FILES = ("last.pt", "best.pt", "metrics.jsonl", "config.yaml")
 RESUMABLE_KEYS = {
     "train.max_steps", "train.max_seconds", "train.eval_interval", "train.early_stop_patience",
     "train.plateau_patience", "train.plateau_factor", "train.min_lr", "train.grad_clip", "train.device",
-    "train.compile", "data.path",
+    "train.compile", "train.lr_schedule", "data.path",
 }
 
 
@@ -63,6 +64,7 @@ class TrainSummary:
     params: int
     device: str
     out_dir: str
+    peak_memory_mb: float  # RSS of this process on CPU; max allocated tensor memory on CUDA
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -163,6 +165,7 @@ class Trainer:
         self.elapsed_before = 0.0  # training seconds in earlier invocations
         self.train_s = self.eval_s = self.compile_s = 0.0  # this invocation's
         self.timed_tokens = 0  # tokens of the steps counted in train_s
+        self.run_start = time.perf_counter()  # reset when run() begins; time-based schedules count from it
         self.forward = model  # what the steps call: the model, or its compiled wrapper
 
     # -- state -----------------------------------------------------------------------------
@@ -209,7 +212,7 @@ class Trainer:
         tc = self.config.train
         first_step, last_eval = self.step, self.step
         per_step_tokens = tc.batch_size * tc.grad_accum * self.config.model.block_size
-        start = time.perf_counter()
+        start = self.run_start = time.perf_counter()
         self.reporter.start(self.step, tc.max_steps or None)
         reason = "max_steps"
         try:
@@ -269,9 +272,10 @@ class Trainer:
 
     def _optimizer_step(self) -> torch.Tensor:
         tc = self.config.train
-        if self.step < tc.warmup_steps:
+        lr = self._scheduled_lr()
+        if lr is not None:
             for group in self.optimizer.param_groups:
-                group["lr"] = tc.lr * (self.step + 1) / tc.warmup_steps
+                group["lr"] = lr
         loss_sum = torch.zeros((), device=self.device)
         for _ in range(tc.grad_accum):
             x, y = self.sampler.next_batch()
@@ -297,6 +301,19 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         return loss_sum
 
+    def _scheduled_lr(self) -> float | None:
+        """The lr for this step: warmup, then a decay over the budget; None leaves it to ReduceLROnPlateau."""
+        tc = self.config.train
+        if self.step < tc.warmup_steps:
+            return tc.lr * (self.step + 1) / tc.warmup_steps
+        if tc.lr_schedule == "plateau":
+            return None
+        done = max(self.step / tc.max_steps if tc.max_steps else 0.0,
+                   (time.perf_counter() - self.run_start) / tc.max_seconds if tc.max_seconds else 0.0)
+        done = min(done, 1.0)
+        shape = 0.5 * (1 + math.cos(math.pi * done)) if tc.lr_schedule == "cosine" else 1.0 - done
+        return tc.min_lr + (tc.lr - tc.min_lr) * shape
+
     def _evaluate(self, start: float) -> bool:
         """Score the fixed windows, log, checkpoint; True when early stopping should end the run."""
         t0 = time.perf_counter()
@@ -308,7 +325,7 @@ class Trainer:
             self.best_val, self.evals_since_best = val, 0
         else:
             self.evals_since_best += 1
-        if self.step >= tc.warmup_steps:
+        if self.step >= tc.warmup_steps and tc.lr_schedule == "plateau":
             self.plateau.step(val)
         record = {
             "step": self.step, "tokens": self.tokens, "train_loss": train, "val_loss": val, "lr": self.lr,
@@ -406,7 +423,19 @@ def _run(config, out_dir, resume, overwrite, resume_changes, reporter, stop, wal
         tokens=trainer.tokens, wall_s=time.perf_counter() - wall_start, train_s=trainer.train_s,
         eval_s=trainer.eval_s, compile_s=trainer.compile_s, tokens_per_s=trainer.tokens_per_s,
         stop_reason=reason, params=model.num_params(), device=str(device), out_dir=str(out_dir),
+        peak_memory_mb=peak_memory_mb(device),
     )
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    try:
+        import resource  # POSIX only
+    except ImportError:
+        return 0.0
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss / 2**20 if sys.platform == "darwin" else rss / 1024  # bytes on macOS, KiB on Linux
 
 
 def _exit_if_signalled(stop: StopFlag) -> None:

@@ -23,6 +23,7 @@ def test_every_shipped_config_loads_and_starts_with_its_command(path: Path):
 def test_gpu_config_is_the_baby_gpt_shape():
     m = load_config("gpu").model
     assert (m.n_layer, m.n_head, m.n_embd, m.block_size, m.dropout, m.bias) == (6, 6, 384, 256, 0.2, False)
+    assert load_config("gpu").train.batch_size == 64 and load_config("gpu").train.lr == 1e-3
 
 
 def test_notebook_config_is_the_notebook_recipe():

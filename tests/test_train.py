@@ -4,6 +4,7 @@ import json
 import math
 import shutil
 
+import pytest
 import torch
 
 from charlm.checkpoint import load_checkpoint, save_checkpoint
@@ -126,3 +127,44 @@ def test_train_fetches_the_default_corpus_when_missing(tmp_path, corpus):
     assert "downloading tiny-shakespeare" in result.stderr
     assert (tmp_path / "data" / "tinyshakespeare.txt").stat().st_size == 1_115_394
     assert (tmp_path / "runs" / "tiny" / "best.pt").is_file()  # default out-dir: runs/<config name>
+
+
+def test_cosine_schedule_decays_to_min_lr_over_max_steps(tmp_path, corpus):
+    _train(tmp_path / "r", corpus, "--set", "train.lr_schedule=cosine", "--set", "train.warmup_steps=5",
+           "--set", "train.min_lr=1e-4", steps=40)
+    lrs = [m["lr"] for m in _metrics(tmp_path / "r")]
+    assert lrs == sorted(lrs, reverse=True) and len(set(lrs)) == 4
+    assert abs(lrs[-1] - 1e-4) < 5e-5  # the lr of the last step, near the floor
+
+
+def test_linear_schedule_follows_a_straight_line(tmp_path, corpus):
+    _train(tmp_path / "r", corpus, "--set", "train.lr_schedule=linear", "--set", "train.min_lr=0", steps=40)
+    lrs = [m["lr"] for m in _metrics(tmp_path / "r")]
+    peak = 3e-3  # configs/tiny.yaml
+    assert [round(lr / peak, 3) for lr in lrs] == [round(1 - s / 40, 3) for s in (9, 19, 29, 39)]
+
+
+def test_bf16_autocast_path_trains_on_cpu(tmp_path, corpus):
+    """The mixed-precision path that CUDA takes by default, exercised here on the CPU."""
+    result = _train(tmp_path / "r", corpus, "--set", "train.dtype=bfloat16", steps=20)
+    assert json.loads(result.stdout)["full_val_loss"] < 4.0
+
+
+def test_float16_on_cpu_is_refused_with_a_hint(tmp_path, corpus):
+    result = run_cli("train", *SMALL, "--data", corpus, "--out-dir", tmp_path / "r", "--set", "train.dtype=float16")
+    assert_one_line_error(result, 2, "float16", "bfloat16")
+
+
+@pytest.mark.slow
+def test_compile_true_trains_and_reports_compile_time(tmp_path, corpus):
+    summary = json.loads(_train(tmp_path / "r", corpus, "--set", "train.compile=true", steps=20).stdout)
+    assert summary["steps"] == 20 and summary["compile_s"] > 0
+    state = load_checkpoint(tmp_path / "r" / "last.pt").state["model"]
+    assert not any(k.startswith("_orig_mod.") for k in state)  # the unwrapped model is saved
+
+
+def test_cuda_device_without_a_gpu_is_a_clear_error(tmp_path, corpus):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    result = run_cli("train", *SMALL, "--data", corpus, "--out-dir", tmp_path / "r", "--device", "cuda")
+    assert_one_line_error(result, 2, "cuda", "--device cpu")

@@ -1,0 +1,86 @@
+"""Train every architecture variant for the same wall-clock budget and tabulate full-val loss and tokens/s.
+
+    python scripts/compare_architectures.py --data ../shared/data/tinyshakespeare.txt            # ~10 min on 2 cores
+    python scripts/compare_architectures.py --data ... --seconds 60 --write docs/architectures.md
+
+Same seed, same shape and schedule (configs/cpu.yaml's) and same budget for every run; the baseline is GPT-2's
+choices (learned positions, pre-LayerNorm, GELU, tied head, biases) and each row changes one key. With --write,
+the table between the result markers in that file is replaced (the prose around it is kept).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchlib import machine  # noqa: E402
+
+# The baseline is spelled out so that the comparison does not drift when configs/cpu.yaml is retuned.
+BASELINE = ["model.pos_encoding=learned", "model.norm=layernorm", "model.norm_position=pre", "model.activation=gelu",
+            "model.tie_weights=true", "model.bias=true", "model.ffn_mult=4"]
+VARIANTS = {
+    "baseline (learned, layernorm, pre, gelu, tied)": [],
+    "pos_encoding=sinusoidal": ["model.pos_encoding=sinusoidal"],
+    "pos_encoding=rope": ["model.pos_encoding=rope"],
+    "pos_encoding=alibi": ["model.pos_encoding=alibi"],
+    "norm=rmsnorm": ["model.norm=rmsnorm"],
+    "norm_position=post": ["model.norm_position=post"],
+    "activation=relu": ["model.activation=relu"],
+    "activation=swiglu": ["model.activation=swiglu"],
+    "tie_weights=false": ["model.tie_weights=false"],
+    "bias=false": ["model.bias=false"],
+}
+START, END = "<!-- results:start -->", "<!-- results:end -->"
+
+
+def run_variant(data: str, config: str, seconds: float, sets: list[str], out: Path) -> dict:
+    args = [sys.executable, "-m", "charlm", "train", "--config", config, "--data", data, "--out-dir", str(out),
+            "--max-seconds", str(seconds), "--set", "train.max_steps=0", "--json", "--quiet"]
+    for item in BASELINE + sets:
+        args += ["--set", item]
+    result = subprocess.run(args, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise SystemExit(f"{' '.join(args)} failed:\n{result.stderr}")
+    return json.loads(result.stdout)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data", required=True)
+    parser.add_argument("--config", default="cpu")
+    parser.add_argument("--seconds", type=float, default=45.0)
+    parser.add_argument("--write", type=Path, help="Markdown file whose result table to replace")
+    args = parser.parse_args()
+
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, (name, sets) in enumerate(VARIANTS.items()):
+            s = run_variant(args.data, args.config, args.seconds, sets, Path(tmp) / f"v{i}")
+            rows.append((name, s))
+            print(f"{name:48s} full-val {s['full_val_loss']:.4f} nats/char  {s['tokens_per_s']:>8,.0f} tokens/s  "
+                  f"{s['steps']:>5} steps  {s['params']:>9,} params", flush=True)
+    base = rows[0][1]["full_val_loss"]
+    table = [
+        f"{datetime.date.today().isoformat()} · {machine()} · `{args.config}` shape, {args.seconds:g} s of training "
+        f"each, seed 1337 · `python scripts/compare_architectures.py --data ... --seconds {args.seconds:g}`", "",
+        "| variant | full-val loss (nats/char) | vs baseline | tokens/s | steps | parameters |",
+        "|---|---|---|---|---|---|",
+        *(f"| {name} | {s['full_val_loss']:.4f} | {s['full_val_loss'] - base:+.4f} | {s['tokens_per_s']:,.0f} | "
+          f"{s['steps']:,} | {s['params']:,} |" for name, s in rows),
+    ]
+    if args.write:
+        text = args.write.read_text()
+        head, rest = text.split(START, 1)
+        tail = rest.split(END, 1)[1]
+        args.write.write_text(head + START + "\n" + "\n".join(table) + "\n" + END + tail)
+        print(f"wrote the table into {args.write}")
+
+
+if __name__ == "__main__":
+    main()
