@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
@@ -11,7 +12,7 @@ import typer
 from rich.markup import escape
 
 from charlm import __version__
-from charlm.errors import USAGE_EXIT, CharlmError, UsageError
+from charlm.errors import USAGE_EXIT, CharlmError, Interrupted, UsageError
 
 EXIT_CODES_HELP = "Exit codes: 0 ok, 1 runtime failure, 2 usage or config error, 130/143 interrupted (SIGINT/SIGTERM)."
 
@@ -42,6 +43,9 @@ def root(
     debug: Annotated[bool, typer.Option("--debug", help="Show the Python traceback when something fails.")] = False,
 ) -> None:
     State.debug = debug
+    from charlm.device import require_torch  # imports torch: after --help and --version, which need none
+
+    require_torch()
 
 
 def _print_json(obj: dict) -> None:
@@ -117,6 +121,8 @@ def train(
         if Path(settings.data.path) == DEFAULT_DEST:
             ensure_corpus(DEFAULT_DEST, reporter.info)
     summary = run_training(settings, run_dir, resume=resume, overwrite=overwrite, resume_changes=changes, reporter=reporter)
+    if summary is None:  # a rank other than 0 under torchrun: rank 0 reports
+        return
     if json_out:
         _print_json(summary.to_dict())
     else:
@@ -190,8 +196,8 @@ def sample_(
     text = read_text(prompt_file) if prompt_file is not None else ("\n" if prompt is None else prompt)
     ckpt = load_checkpoint(checkpoint)
     defaults = ckpt.config.sample
+    model = ckpt.build_model(pick_device(device))  # a bad checkpoint is reported before a bad prompt
     prompt_ids = encode_prompt(ckpt.tokenizer, text, unknown, replace_with)
-    model = ckpt.build_model(pick_device(device))
     options = SampleOptions(
         max_new_tokens=defaults.max_new_tokens if max_new_tokens is None else max_new_tokens,
         temperature=defaults.temperature if temperature is None else temperature,
@@ -241,6 +247,7 @@ def info(
         raise UsageError("give a checkpoint or --config/--set, not both")
     if checkpoint is not None:
         ckpt = load_checkpoint(checkpoint)
+        ckpt.build_model()  # the same checks as eval and sample: shapes, vocabulary, finite weights
         model_config, vocab, title = ckpt.config.model, ckpt.tokenizer.vocab_size, checkpoint
     else:
         model_config = cfg.load_config(config or cfg.DEFAULT_CONFIG, set_ or []).model
@@ -250,6 +257,36 @@ def info(
         _print_json(result.to_dict())
     else:
         print_model_info(result, title)
+
+
+# ---------------------------------------------------------------------------- plot and config
+
+
+@app.command()
+def plot(
+    run_dirs: Annotated[list[Path], typer.Argument(help="One or more run folders (each with metrics.jsonl).")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="PNG file to write.")] = Path("loss.png"),
+) -> None:
+    """Plot train and val loss against step and wall time, with the learning rate (needs charlm[plot])."""
+    from charlm.plot import plot_runs
+    from charlm.progress import stderr_console
+
+    written = plot_runs(run_dirs, output)
+    stderr_console().print(f"wrote {written}")
+
+
+@app.command("config")
+def config_(
+    show: Annotated[bool, typer.Option("--show", help="Print the resolved configuration as YAML.")] = False,
+    config: Annotated[Optional[str], typer.Option("--config", "-c", help="YAML config or shipped config name. Default: cpu.")] = None,
+    set_: Annotated[Optional[list[str]], typer.Option("--set", help="Override one key: section.key=value (repeatable).")] = None,
+) -> None:
+    """Show the configuration a `charlm train` with the same --config/--set would use (every key, resolved)."""
+    from charlm import config as cfg
+
+    if not show:
+        raise UsageError("charlm config needs --show (it prints the resolved configuration as YAML)")
+    sys.stdout.write(cfg.load_config(config or cfg.DEFAULT_CONFIG, set_ or []).to_yaml())
 
 
 def _choice(flag: str, value: str, choices: tuple[str, ...]) -> None:
@@ -265,12 +302,16 @@ def main(argv: list[str] | None = None) -> None:
     from charlm.progress import stderr_console
 
     console = stderr_console()
+    signal.signal(signal.SIGTERM, _terminated)  # training installs its own handler; this covers start-up
     try:
         code = app(args=argv, prog_name="charlm", standalone_mode=False)
     except typer.Abort:
         console.print("[red]interrupted[/red]")
         code = 130
     except CharlmError as e:
+        if isinstance(e, Interrupted):  # leaving anyway: a repeated Ctrl-C must not kill us mid-exit
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(signum, signal.SIG_IGN)
         if State.debug:
             raise
         console.print(f"[red]error:[/red] {escape(str(e))}")
@@ -291,6 +332,10 @@ def main(argv: list[str] | None = None) -> None:
             console.print(f"[red]internal error:[/red] {escape(f'{type(e).__name__}: {e}')} (rerun with --debug for the traceback)")
             code = 1
     sys.exit(code or 0)
+
+
+def _terminated(signum: int, frame: object) -> None:
+    raise Interrupted("SIGTERM received before any work was done; nothing was written", signum)
 
 
 def _is_click_usage_error(e: Exception) -> bool:

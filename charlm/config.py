@@ -83,6 +83,7 @@ class TrainConfig:
         "auto", "autocast dtype: auto = bfloat16 on CUDA where supported, else float16; float32 elsewhere"
     )
     compile: Literal["auto", "true", "false"] = _f("auto", "torch.compile: auto = on CUDA only; true; false")
+    tensorboard: bool = _f(False, "also write scalars to OUT_DIR/tensorboard (needs the tensorboard extra)")
 
 
 @dataclass
@@ -299,9 +300,10 @@ def _check_ranges(config: Config, given: dict[str, dict[str, Any]]) -> list[str]
             if problem:
                 errors.append(f"{section}.{f.name}: {problem}, got {value!r}")
     m = config.model
-    if m.n_embd % m.n_head:
+    shape_ok = m.n_embd >= 1 and m.n_head >= 1  # cross-key checks only once each key is valid on its own
+    if shape_ok and m.n_embd % m.n_head:
         errors.append(f"model.n_embd ({m.n_embd}) must be divisible by model.n_head ({m.n_head})")
-    if m.pos_encoding == "rope" and m.n_embd % m.n_head == 0 and (m.n_embd // m.n_head) % 2:
+    if shape_ok and m.pos_encoding == "rope" and m.n_embd % m.n_head == 0 and (m.n_embd // m.n_head) % 2:
         errors.append(f"model.pos_encoding rope needs an even head size, but n_embd / n_head = {m.n_embd // m.n_head}")
     if config.train.max_steps == 0 and config.train.max_seconds == 0:
         errors.append("train.max_steps and train.max_seconds are both 0: set at least one limit")
@@ -361,3 +363,22 @@ def config_from_dict(raw: dict[str, Any], source: str) -> Config:
     if errors:
         raise UsageError(errors[0])
     return build_config(settings)
+
+
+def reference_markdown() -> str:
+    """docs/config.md: every key with its type, default and meaning, generated from the dataclasses."""
+    lines = [
+        "# Configuration reference",
+        "",
+        "Generated from `charlm/config.py` by `python scripts/gen_config_docs.py`; a test checks it is current.",
+        "Set keys in a YAML file (`--config FILE`), with `--set section.key=value`, or with the first-class options",
+        "(`--data`, `--device`, `--max-steps`, `--max-seconds`, `--seed`); later sources win in that order.",
+        "`charlm config --show` prints the resolved configuration.",
+    ]
+    for section, cls in SECTIONS.items():
+        lines += ["", f"## {section}", "", "| key | type | default | meaning |", "|---|---|---|---|"]
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            default = yaml.safe_dump(f.default, default_flow_style=True).strip().removesuffix("...").strip()
+            lines.append(f"| `{section}.{f.name}` | {_describe(hints[f.name])} | `{default}` | {f.metadata['help']} |")
+    return "\n".join(lines) + "\n"

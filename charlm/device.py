@@ -10,6 +10,20 @@ import torch
 from charlm.errors import UsageError
 
 
+MIN_TORCH = (2, 6)  # torch.load(weights_only=True) is safe from 2.6 on
+
+
+def require_torch(version: str = torch.__version__) -> None:
+    """Refuse a torch too old to load checkpoints safely."""
+    parts = version.split("+")[0].split(".")
+    found = tuple(int(p) if p.isdigit() else 0 for p in parts[:2])
+    if found < MIN_TORCH:
+        raise UsageError(
+            f"charlm needs torch >= {MIN_TORCH[0]}.{MIN_TORCH[1]} for safe checkpoint loading, found {version}; "
+            "upgrade with `pip install -U torch`"
+        )
+
+
 def pick_device(name: str) -> torch.device:
     """`auto` picks cuda, then mps, then cpu; an explicit device must exist here."""
     if name == "auto":

@@ -24,3 +24,11 @@ class WorkError(CharlmError):
     """The work failed for a reason outside the user's input (network, disk, divergence)."""
 
     exit_code = FAILURE_EXIT
+
+
+class Interrupted(CharlmError):
+    """SIGINT or SIGTERM: exit with 128 + the signal's number, as shells report it (130, 143)."""
+
+    def __init__(self, message: str, signum: int):
+        super().__init__(message)
+        self.exit_code = 128 + signum

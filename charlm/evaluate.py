@@ -60,18 +60,18 @@ def full_pass(
     return EvalResult(total / max(count, 1), count)
 
 
-def windows_loss(
+def windows_total(
     model: nn.Module, ids: torch.Tensor, starts: torch.Tensor, block_size: int, device: torch.device,
     batch_size: int = 64, amp_dtype: torch.dtype | None = None,
-) -> float:
-    """Mean loss over fixed windows (the low-noise periodic estimate)."""
+) -> tuple[float, int]:
+    """Summed loss and target count over fixed windows (the low-noise periodic estimate)."""
     offsets = torch.arange(block_size + 1)
     batches = (windows_at(ids, starts[i : i + batch_size], offsets, device) for i in range(0, len(starts), batch_size))
     was_training = model.training
     model.eval()
     total, count = _summed_loss(model, batches, device, amp_dtype)
     model.train(was_training)
-    return total / count
+    return total, count
 
 
 def evaluate_checkpoint(
@@ -80,6 +80,7 @@ def evaluate_checkpoint(
 ) -> EvalResult:
     ckpt = load_checkpoint(checkpoint_path)
     device = pick_device(device_name)
+    model = ckpt.build_model(device)  # a bad checkpoint is reported before a bad text
     text = read_text(data_path or ckpt.config.data.path)
     if split != "all":
         text = split_text(text, ckpt.config.data.val_fraction)[0 if split == "train" else 1]
@@ -87,5 +88,4 @@ def evaluate_checkpoint(
     ids = encode_compact(tokenizer.encode(text, unknown, replacement), tokenizer.vocab_size)
     if len(ids) < 2:
         raise UsageError(f"the {split} split of {data_path or ckpt.config.data.path} has fewer than 2 characters to score")
-    model = ckpt.build_model(device)
     return full_pass(model, ids, ckpt.config.model.block_size, device, batch_size)

@@ -12,15 +12,18 @@ from rich.console import Console
 from tqdm import tqdm
 
 
+def _console(stream) -> Console:
+    # No ANSI codes at all (not even bold) when the stream is not a terminal or NO_COLOR is set.
+    plain = not stream.isatty() or "NO_COLOR" in os.environ
+    return Console(file=stream, color_system=None if plain else "auto", highlight=False, soft_wrap=True)
+
+
 def stderr_console() -> Console:
-    # rich already drops colour when stderr is not a terminal or NO_COLOR is set; say so explicitly for clarity.
-    plain = not sys.stderr.isatty() or "NO_COLOR" in os.environ
-    return Console(stderr=True, no_color=plain, highlight=False, soft_wrap=True)
+    return _console(sys.stderr)
 
 
 def stdout_console() -> Console:
-    plain = not sys.stdout.isatty() or "NO_COLOR" in os.environ
-    return Console(no_color=plain, highlight=False, soft_wrap=True)
+    return _console(sys.stdout)
 
 
 def fancy_output() -> bool:
@@ -31,8 +34,9 @@ def fancy_output() -> bool:
 class TrainReporter:
     """Progress bar with step, loss, lr and tokens/s; one row per evaluation; warnings."""
 
-    def __init__(self, quiet: bool = False):
-        self.quiet = quiet
+    def __init__(self, quiet: bool = False, silent: bool = False):
+        self.quiet = quiet or silent
+        self.silent = silent  # not even warnings: for the ranks other than 0 under torchrun
         self.console = stderr_console()
         self.bar: tqdm | None = None
         self.header_shown = False
@@ -75,6 +79,8 @@ class TrainReporter:
             self.bar = None
 
     def _print(self, text: str) -> None:
+        if self.silent:
+            return
         if self.bar is not None:
             with tqdm.external_write_mode(file=sys.stderr):
                 self.console.print(text)

@@ -88,6 +88,11 @@ def test_out_of_range_values_name_the_key(setting, key):
     assert message.startswith(key), message
 
 
+def test_zero_heads_is_an_error_not_a_crash():
+    (message,) = _errors("model.n_head=0")
+    assert message.startswith("model.n_head")
+
+
 def test_n_embd_must_divide_by_n_head():
     (message,) = _errors("model.n_embd=100", "model.n_head=3")
     assert "model.n_embd" in message and "model.n_head" in message
@@ -127,3 +132,10 @@ def test_set_needs_a_dotted_key_and_a_value():
 def test_missing_config_file_lists_the_shipped_ones():
     with pytest.raises(UsageError, match="tiny"):
         load_config("no-such-config.yaml")
+
+
+def test_docs_config_md_is_current():
+    from charlm.config import reference_markdown
+    from conftest import REPO
+
+    assert (REPO / "docs" / "config.md").read_text() == reference_markdown(), "run python scripts/gen_config_docs.py"

@@ -6,4 +6,4 @@ def test_ci_runs_the_test_command_written_in_the_readme():
     ci = (REPO / ".ci" / "run").read_text()
     command = 'pip install -e ".[test]" && python -m pytest'
     assert command in readme
-    assert ci.rstrip().splitlines()[-1] == command
+    assert command in ci.splitlines()

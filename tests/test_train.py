@@ -138,7 +138,8 @@ def test_cosine_schedule_decays_to_min_lr_over_max_steps(tmp_path, corpus):
 
 
 def test_linear_schedule_follows_a_straight_line(tmp_path, corpus):
-    _train(tmp_path / "r", corpus, "--set", "train.lr_schedule=linear", "--set", "train.min_lr=0", steps=40)
+    _train(tmp_path / "r", corpus, "--set", "train.lr_schedule=linear", "--set", "train.min_lr=0",
+           "--set", "train.warmup_steps=0", steps=40)
     lrs = [m["lr"] for m in _metrics(tmp_path / "r")]
     peak = 3e-3  # configs/tiny.yaml
     assert [round(lr / peak, 3) for lr in lrs] == [round(1 - s / 40, 3) for s in (9, 19, 29, 39)]

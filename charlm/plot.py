@@ -1,0 +1,58 @@
+"""Loss curves from one or more run folders' metrics.jsonl, drawn with matplotlib (the optional `plot` extra)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from charlm.errors import UsageError
+from charlm.files import atomic_write
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        raise UsageError(f"no metrics in {run_dir}: {path} is missing (give a run folder written by `charlm train`)")
+    records = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if line.strip():
+            try:
+                records.append(json.loads(line))
+            except ValueError:
+                raise UsageError(f"{path} line {number} is not JSON; the file is damaged") from None
+    if not records:
+        raise UsageError(f"{path} holds no evaluations yet; train longer than one eval_interval")
+    return records
+
+
+def plot_runs(run_dirs: list[Path], output: Path) -> Path:
+    """Train and val loss against step and against wall time, learning rate on a second axis; one PNG."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")  # no display needed
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise UsageError('charlm plot needs matplotlib: pip install "charlm[plot]"') from None
+    runs = [(d, read_metrics(d)) for d in run_dirs]
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.8), constrained_layout=True)
+    for ax, x_key, x_label in ((axes[0], "step", "step"), (axes[1], "elapsed_s", "wall time (s)")):
+        lr_ax = ax.twinx()
+        for i, (run_dir, records) in enumerate(runs):
+            color = f"C{i}"
+            xs = [r[x_key] for r in records]
+            ax.plot(xs, [r["train_loss"] for r in records], color=color, linestyle="--", alpha=0.7,
+                    label=f"{run_dir.name} train")
+            ax.plot(xs, [r["val_loss"] for r in records], color=color, label=f"{run_dir.name} val")
+            lr_ax.plot(xs, [r["lr"] for r in records], color=color, linestyle=":", alpha=0.5)
+        ax.set_xlabel(x_label)
+        ax.set_ylabel("loss (nats/char)")
+        lr_ax.set_ylabel("learning rate (dotted)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize="small")
+    axes[0].set_title("loss against step")
+    axes[1].set_title("loss against wall time")
+    output.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(output, lambda f: fig.savefig(f, format="png", dpi=110))
+    plt.close(fig)
+    return output

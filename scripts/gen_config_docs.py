@@ -1,0 +1,12 @@
+"""Regenerate docs/config.md from the config dataclasses:  python scripts/gen_config_docs.py"""
+
+from pathlib import Path
+import sys
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from charlm.config import reference_markdown  # noqa: E402
+
+target = Path(__file__).resolve().parents[1] / "docs" / "config.md"
+target.write_text(reference_markdown(), encoding="utf-8")
+print(f"wrote {target}")

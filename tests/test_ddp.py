@@ -1,0 +1,143 @@
+"""Multi-process training with real torch.distributed: torchrun, gloo, two CPU processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from charlm.checkpoint import load_checkpoint
+from charlm.config import load_config
+from charlm.data import BatchSampler, Corpus
+from charlm.device import seed_everything
+from charlm.model import GPT
+from charlm.train import make_optimizer, seed_for_rank
+from conftest import REPO, run_cli
+
+pytestmark = pytest.mark.slow
+TINY = ["--config", "tiny", "--set", "model.n_layer=1", "--set", "model.n_embd=32", "--set", "model.block_size=16",
+        "--set", "train.eval_windows=16"]
+
+
+def torchrun_args(*args: str, nproc: int = 2) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+            "-m", "charlm", *map(str, args)]
+
+
+def torchrun(*args: str, nproc: int = 2, timeout: float = 300) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    return subprocess.run(torchrun_args(*args, nproc=nproc), env=env, capture_output=True, text=True,
+                          timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+def test_two_ranks_train_resume_and_leave_one_set_of_files(tmp_path, corpus):
+    run = tmp_path / "run"
+    first = torchrun("train", *TINY, "--data", corpus, "--out-dir", run, "--max-steps", "20",
+                     "--set", "train.eval_interval=10", "--json")
+    assert first.returncode == 0, first.stderr
+    summary = json.loads(first.stdout.strip().splitlines()[-1])
+    assert summary["world_size"] == 2 and summary["global_batch"] == 2 * 16
+    assert sorted(p.name for p in run.iterdir()) == ["best.pt", "config.yaml", "last.pt", "metrics.jsonl"]
+    assert [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()] == [10, 20]
+    assert first.stdout.count('"best_val_loss"') == 1  # rank 0 alone prints the summary
+
+    resumed = torchrun("train", "--resume", "--out-dir", run, "--max-steps", "30", "--json")
+    assert resumed.returncode == 0, resumed.stderr
+    saved = load_checkpoint(run / "last.pt")
+    assert saved.step == 30 and saved.state["world_size"] == 2 and saved.state["global_batch"] == 32
+    assert len(saved.state["ranks"]) == 2
+
+    # a checkpoint written under DDP loads in single-process eval and sample, and resumes single-process
+    assert json.loads(run_cli("eval", run / "last.pt", "--json", check=True).stdout)["chars"] > 0
+    run_cli("sample", run / "last.pt", "--max-new-tokens", "20", check=True)
+    single = run_cli("train", "--resume", "--out-dir", run, "--max-steps", "34", "--json", check=True)
+    assert json.loads(single.stdout)["steps"] == 34 and "world size changed from 2 to 1" in single.stderr
+
+
+def test_a_single_process_checkpoint_resumes_under_torchrun(tmp_path, corpus):
+    run = tmp_path / "run"
+    run_cli("train", *TINY, "--data", corpus, "--out-dir", run, "--max-steps", "10", check=True)
+    result = torchrun("train", "--resume", "--out-dir", run, "--max-steps", "16", "--json")
+    assert result.returncode == 0, result.stderr
+    assert load_checkpoint(run / "last.pt").step == 16
+
+
+def test_two_ranks_of_batch_b_equal_one_process_of_batch_2b_after_one_step(tmp_path, corpus):
+    batch = 4
+    sets = ["--set", f"train.batch_size={batch}", "--set", "train.warmup_steps=0", "--set", "train.lr=1e-2"]
+    result = torchrun("train", *TINY, *sets, "--data", corpus, "--out-dir", tmp_path / "ddp", "--max-steps", "1")
+    assert result.returncode == 0, result.stderr
+    ddp_weights = load_checkpoint(tmp_path / "ddp" / "last.pt").state["model"]
+
+    # one process, batch 2B: the windows rank 0 and rank 1 drew, the same initial weights, one AdamW step
+    config = load_config("tiny", [s for s in sets + TINY[2:] if s != "--set"] + [f"data.path={corpus}"])
+    corpus_ids = Corpus.from_file(corpus, config.data.val_fraction)
+    seed_everything(config.train.seed)
+    model = GPT(config.model, corpus_ids.tokenizer.vocab_size)
+    windows = [BatchSampler(corpus_ids.train, config.model.block_size, batch, torch.device("cpu"),
+                            seed=seed_for_rank(config.train.seed, rank)).next_batch() for rank in (0, 1)]
+    x, y = torch.cat([w[0] for w in windows]), torch.cat([w[1] for w in windows])
+    tc = config.train
+    optimizer = make_optimizer(model, tc.lr, tc.weight_decay, (tc.beta1, tc.beta2), torch.device("cpu"))
+    initial = {k: v.clone() for k, v in model.state_dict().items()}
+    _, loss = model(x, y)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip)
+    optimizer.step()
+    single = model.state_dict()
+    assert set(single) == set(ddp_weights)
+    for name, value in single.items():
+        assert torch.allclose(value, ddp_weights[name], atol=1e-6, rtol=1e-5), name
+    assert not torch.equal(single["tok_emb.weight"], initial["tok_emb.weight"])  # the step did change the weights
+
+
+def _worker_pids(parent: int) -> dict[int, int]:
+    """rank -> pid of the processes torchrun started (read from /proc: their RANK environment variable)."""
+    ranks = {}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            stat = (proc / "stat").read_text()
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            env = (proc / "environ").read_bytes().split(b"\0")
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == parent:
+            for item in env:
+                if item.startswith(b"RANK="):
+                    ranks[int(item[5:])] = int(proc.name)
+    return ranks
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+def test_one_failing_rank_brings_the_job_down_quickly(tmp_path, corpus, sig):
+    run = tmp_path / "run"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    job = subprocess.Popen(torchrun_args("train", *TINY, "--data", corpus, "--out-dir", run, "--max-steps", "1000000",
+                                         "--set", "train.eval_interval=5", "--quiet"),
+                           env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (run / "metrics.jsonl").exists():
+            assert job.poll() is None and time.monotonic() < deadline, job.communicate()
+            time.sleep(0.1)
+        ranks = _worker_pids(job.pid)
+        assert sorted(ranks) == [0, 1], ranks
+        started = time.monotonic()
+        os.kill(ranks[1], sig)
+        _, err = job.communicate(timeout=30)
+        assert job.returncode != 0
+        assert time.monotonic() - started < 30
+        if sig == signal.SIGTERM:  # the ranks agree to stop at a step boundary, and rank 0 saves
+            assert "SIGTERM received" in err and load_checkpoint(run / "last.pt").step > 0
+    finally:
+        if job.poll() is None:
+            job.kill()

@@ -1,0 +1,104 @@
+"""What people at a terminal and shell scripts see: colour only for people, plots, the resolved config."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO, SMALL, assert_one_line_error, run_cli
+
+
+def run_in_tty(*args: str, env: dict | None = None, timeout: float = 120) -> str:
+    """Run the CLI with stdout and stderr on a pseudo-terminal, as a person would see it."""
+    leader, follower = pty.openpty()
+    inherited = {k: v for k, v in os.environ.items() if k != "NO_COLOR"}
+    full_env = {**inherited, "PYTHONPATH": str(REPO), "COLUMNS": "100", **(env or {})}
+    proc = subprocess.Popen([sys.executable, "-m", "charlm", *map(str, args)], stdout=follower, stderr=follower,
+                            stdin=subprocess.DEVNULL, env=full_env)
+    os.close(follower)
+    chunks = []
+    while True:
+        try:
+            data = os.read(leader, 4096)
+        except OSError:
+            break
+        if not data:
+            break
+        chunks.append(data)
+    proc.wait(timeout=timeout)
+    os.close(leader)
+    return b"".join(chunks).decode(errors="replace")
+
+
+def test_piped_output_has_no_ansi_codes_or_progress_bar(tmp_path, corpus):
+    result = run_cli("train", *SMALL, "--data", corpus, "--out-dir", tmp_path / "r", "--max-steps", "20", check=True)
+    for text in (result.stdout, result.stderr):
+        assert "\x1b[" not in text and "\r" not in text
+    assert "done (max_steps)" in result.stdout
+
+
+def test_a_terminal_gets_colour_and_no_color_turns_it_off(tmp_path, corpus):
+    coloured = run_in_tty("train", *SMALL, "--data", corpus, "--out-dir", tmp_path / "a", "--max-steps", "20")
+    assert "\x1b[" in coloured and "done" in coloured
+    plain = run_in_tty("train", *SMALL, "--data", corpus, "--out-dir", tmp_path / "b", "--max-steps", "20",
+                       env={"NO_COLOR": "1"})
+    assert "\x1b[" not in plain and "done" in plain
+    evaluated = run_in_tty("eval", tmp_path / "b" / "best.pt", env={"NO_COLOR": "1"})
+    assert "\x1b[" not in evaluated and "nats/char" in evaluated
+
+
+def test_quiet_prints_only_the_summary(tmp_path, corpus):
+    result = run_cli("train", *SMALL, "--data", corpus, "--out-dir", tmp_path / "r", "--max-steps", "20", "--quiet",
+                     check=True)
+    assert result.stderr == "" and result.stdout.startswith("done")
+
+
+def test_plot_writes_a_real_png(tmp_path, corpus):
+    pytest.importorskip("matplotlib")
+    for name in ("a", "b"):
+        run_cli("train", *SMALL, "--data", corpus, "--out-dir", tmp_path / name, "--max-steps", "30",
+                "--seed", str(ord(name)), check=True)
+    out = tmp_path / "loss.png"
+    run_cli("plot", tmp_path / "a", tmp_path / "b", "-o", out, check=True)
+    data = out.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+
+
+def test_plot_of_a_folder_without_metrics_is_one_line(tmp_path):
+    assert_one_line_error(run_cli("plot", tmp_path), 2, "metrics.jsonl")
+
+
+def test_config_show_prints_the_resolved_yaml(tmp_path):
+    import yaml
+
+    result = run_cli("config", "--show", "--config", "tiny", "--set", "train.lr=0.01", check=True)
+    shown = yaml.safe_load(result.stdout)
+    assert shown["train"]["lr"] == 0.01 and shown["model"]["n_layer"] == 2
+    assert set(shown) == {"data", "model", "train", "sample"}
+    assert_one_line_error(run_cli("config"), 2, "--show")
+
+
+def test_tensorboard_without_the_package_says_how_to_install_it(tmp_path, corpus):
+    try:
+        import torch.utils.tensorboard  # noqa: F401
+    except ImportError:
+        result = run_cli("train", *SMALL, "--data", corpus, "--out-dir", tmp_path / "r",
+                         "--set", "train.tensorboard=true")
+        assert_one_line_error(result, 2, "charlm[tensorboard]")
+        assert not (tmp_path / "r").exists()
+    else:
+        run_cli("train", *SMALL, "--data", corpus, "--out-dir", tmp_path / "r", "--max-steps", "20",
+                "--set", "train.tensorboard=true", check=True)
+        assert any((tmp_path / "r" / "tensorboard").iterdir())
+
+
+def test_json_summary_of_eval_and_info_are_single_lines(tmp_path, corpus):
+    run_cli("train", *SMALL, "--data", corpus, "--out-dir", tmp_path / "r", "--max-steps", "10", check=True)
+    for args in (["eval", tmp_path / "r" / "best.pt", "--json"], ["info", tmp_path / "r" / "best.pt", "--json"]):
+        out = run_cli(*args, check=True).stdout
+        assert len(out.splitlines()) == 1 and isinstance(json.loads(out), dict)
