@@ -49,7 +49,7 @@ def plot_runs(run_dirs: list[Path], output: Path) -> Path:
         ax.set_ylabel("loss (nats/char)")
         lr_ax.set_ylabel("learning rate (dotted)")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize="small")
+        ax.legend(fontsize="small", loc="lower left")
     axes[0].set_title("loss against step")
     axes[1].set_title("loss against wall time")
     output.parent.mkdir(parents=True, exist_ok=True)
