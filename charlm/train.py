@@ -497,8 +497,10 @@ def run_training(config: Config, out_dir: Path, *, resume: bool = False, overwri
         dist, device_name = setup(config.train.device)
         if not dist.is_main:
             reporter = TrainReporter(quiet=True, silent=True)
-        return _run(config, ckpt, out_dir, existing if overwrite and not resume else [], device_name, dist,
-                    reporter or TrainReporter(quiet), stop, wall_start)
+        summary = _run(config, ckpt, out_dir, existing if overwrite and not resume else [], device_name, dist,
+                       reporter or TrainReporter(quiet), stop, wall_start)
+        dist.barrier()  # leave together: a rank tearing down while rank 0 still evaluates can abort (gloo)
+        return summary
     except Interrupted:
         if created and out_dir.is_dir() and not any(out_dir.iterdir()):
             out_dir.rmdir()  # interrupted before anything was written: leave no trace
