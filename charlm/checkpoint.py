@@ -64,9 +64,10 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
-        reason = "it holds objects other than tensors and plain data (refused: loading it could run code)"
-        if "weights only" not in str(e).lower() and "weights_only" not in str(e).lower():
-            reason = "it is damaged or not a checkpoint"
+        # The weights-only unpickler names the global it refused (e.g. posix.system) when a file asks for code.
+        reason = "it is truncated, damaged or not a charlm checkpoint"
+        if "GLOBAL" in str(e):
+            reason = "it holds objects other than tensors and plain data (refused: loading it could run code)"
         raise UsageError(f"cannot load checkpoint {path}: {reason}") from None
     except (RuntimeError, EOFError, zipfile.BadZipFile, ValueError, OSError, AttributeError, KeyError) as e:
         raise UsageError(f"cannot load checkpoint {path}: it is truncated, damaged or not a charlm checkpoint") from e
