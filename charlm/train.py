@@ -277,6 +277,10 @@ class Trainer:
                 t0 = time.perf_counter()
                 loss = self._first_step() if self.step == first_step else self._optimizer_step()
                 dt = time.perf_counter() - t0
+                if not self.stop.armed and self.stop.signum is not None:
+                    # Signalled before the first step finished (torch.compile can swallow the handler's
+                    # exception): leave without writing anything.
+                    raise self.stop.early_exit()
                 self.stop.armed = True
                 self.step += 1
                 self.tokens += per_step_tokens

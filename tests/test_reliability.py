@@ -29,8 +29,8 @@ def _metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-def _popen(*args, cwd=None) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+def _popen(*args, cwd=None, env: dict | None = None) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
     return subprocess.Popen([sys.executable, "-m", "charlm", *map(str, args)], cwd=cwd, env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
 
@@ -175,8 +175,9 @@ def test_a_signal_during_training_saves_and_exits_with_its_code(tmp_path, corpus
 @pytest.mark.slow
 def test_a_signal_during_compilation_exits_at_once_and_writes_nothing(tmp_path, corpus):
     run = tmp_path / "run"
+    # an empty inductor cache, so that compilation really happens (and takes many seconds) in this run
     proc = _popen("train", *SMALL, "--data", corpus, "--out-dir", run, "--set", "train.compile=true",
-                  "--max-steps", "50", "--quiet")
+                  "--max-steps", "50", "--quiet", env={"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")})
     time.sleep(6)  # past start-up, inside torch.compile's first step (which takes far longer here)
     assert proc.poll() is None, "compilation finished too quickly for this test"
     started = time.monotonic()
