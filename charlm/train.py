@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import os
 import signal
 import sys
 import time
@@ -129,6 +130,7 @@ class StopFlag:
     def __init__(self) -> None:
         self.signum: int | None = None
         self.armed = False
+        self.cleanup: Any = None  # called before an immediate exit (removes a run folder we created, if empty)
         self._previous: dict[int, Any] = {}
 
     def install(self) -> None:
@@ -142,7 +144,16 @@ class StopFlag:
         if self.signum is None:
             self.signum = signum
         if not self.armed:
-            raise self.early_exit()
+            self._exit_now()
+
+    def _exit_now(self) -> None:
+        """Before the first step there is nothing to save, and torch.compile would swallow an exception raised
+        here and carry on compiling for many seconds: say why, tidy up, and leave at once."""
+        sys.stderr.write(f"error: {self.early_exit()}\n")
+        sys.stderr.flush()
+        if self.cleanup is not None:
+            self.cleanup()
+        os._exit(128 + self.signum)
 
     def early_exit(self) -> Interrupted:
         name = signal.Signals(self.signum).name
@@ -389,7 +400,7 @@ class Trainer:
     def _evaluate(self, start: float) -> bool:
         """Score the fixed windows, log, checkpoint; True when early stopping should end the run."""
         t0 = time.perf_counter()
-        tc, T = self.config.train, self.config.model.block_size
+        tc = self.config.train
         val = self._windows_loss(self.corpus.val, self.val_starts)
         train = self._windows_loss(self.corpus.train, self.train_starts)
         if not (math.isfinite(val) and math.isfinite(train)):  # the last step left non-finite weights: save nothing
@@ -490,8 +501,14 @@ def run_training(config: Config, out_dir: Path, *, resume: bool = False, overwri
     """
     wall_start = time.perf_counter()
     stop = StopFlag()
-    stop.install()
     created = not out_dir.exists()
+
+    def remove_if_ours_and_empty() -> None:
+        if created and out_dir.is_dir() and not any(out_dir.iterdir()):
+            out_dir.rmdir()  # interrupted before anything was written: leave no trace
+
+    stop.cleanup = remove_if_ours_and_empty
+    stop.install()
     dist = Dist()
     try:
         existing = check_out_dir(out_dir, resume, overwrite)
@@ -506,8 +523,7 @@ def run_training(config: Config, out_dir: Path, *, resume: bool = False, overwri
         dist.barrier()  # leave together: a rank tearing down while rank 0 still evaluates can abort (gloo)
         return summary
     except Interrupted:
-        if created and out_dir.is_dir() and not any(out_dir.iterdir()):
-            out_dir.rmdir()  # interrupted before anything was written: leave no trace
+        remove_if_ours_and_empty()
         raise
     finally:
         stop.restore()

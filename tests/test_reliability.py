@@ -184,7 +184,7 @@ def test_a_signal_during_compilation_exits_at_once_and_writes_nothing(tmp_path, 
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 143, err
-    assert time.monotonic() - started < 30  # as soon as the compiler hands control back to Python
+    assert time.monotonic() - started < 10
     assert "nothing was written" in err and not run.exists()
 
 
