@@ -1,10 +1,14 @@
-"""Self-contained checkpoints: written atomically, read with torch.load(weights_only=True), checked before use."""
+"""Self-contained checkpoints: what they hold, written atomically, read with torch.load(weights_only=True), checked.
+
+A checkpoint is a dict of tensors and plain data: the resolved config, the vocabulary, the model's weights (the
+unwrapped model: no DDP or torch.compile prefixes) and, for `--resume`, the TrainingState below.
+"""
 
 from __future__ import annotations
 
 import pickle
 import zipfile
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -19,11 +23,37 @@ from charlm.tokenizer import CharTokenizer
 
 FORMAT_VERSION = 1
 REQUIRED_KEYS = ("format_version", "config", "vocab", "model", "step")
+OPTIONAL_TRAINING_KEYS = {"tokens": 0, "evals_since_best": 0, "elapsed_s": 0.0}  # absent from the oldest checkpoints
+RUNS_DIR = Path("runs")  # where `charlm train` puts run folders by default (relative to the working folder)
+
+
+@dataclass
+class TrainingState:
+    """Everything beyond the weights that an exact resume needs."""
+
+    step: int
+    tokens: int  # training tokens seen, over all invocations
+    best_val_loss: float
+    evals_since_best: int
+    elapsed_s: float  # training and evaluation seconds, over all invocations
+    optimizer: dict[str, Any]
+    scheduler: dict[str, Any]  # the learning-rate schedule's state (charlm.schedule)
+    scaler: dict[str, Any] | None  # the fp16 GradScaler's, when there is one
+    world_size: int
+    global_batch: int
+    ranks: list[dict[str, Any]]  # every rank's random streams: {"rng": ..., "sampler": ...}
 
 
 def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
     state = {"format_version": FORMAT_VERSION, "charlm_version": __version__, **state}
     atomic_write(path, lambda f: torch.save(state, f))
+
+
+def save_training_checkpoint(path: Path, config: Config, tokenizer: CharTokenizer, model: torch.nn.Module,
+                             training: TrainingState) -> None:
+    """A checkpoint that sample, eval and info read, and that `charlm train --resume` continues exactly."""
+    save_checkpoint(path, {"config": config.to_dict(), "vocab": tokenizer.chars, "model": model.state_dict(),
+                           **asdict(training)})
 
 
 @dataclass
@@ -36,6 +66,20 @@ class Checkpoint:
     @property
     def step(self) -> int:
         return int(self.state["step"])
+
+    def training_state(self) -> TrainingState:
+        """The resume state, or one line saying why this checkpoint cannot be resumed."""
+        s = {**OPTIONAL_TRAINING_KEYS, **self.state}
+        missing = [f.name for f in fields(TrainingState) if f.name not in s]
+        if missing:
+            raise UsageError(f"checkpoint {self.path} lacks a usable training state (no {', '.join(missing)}); "
+                             "it cannot be resumed")
+        return TrainingState(
+            step=int(s["step"]), tokens=int(s["tokens"]), best_val_loss=float(s["best_val_loss"]),
+            evals_since_best=int(s["evals_since_best"]), elapsed_s=float(s["elapsed_s"]),
+            optimizer=s["optimizer"], scheduler=s["scheduler"], scaler=s["scaler"], world_size=int(s["world_size"]),
+            global_batch=int(s["global_batch"]), ranks=s["ranks"],
+        )
 
     def build_model(self, device: torch.device | str = "cpu") -> GPT:
         """The model with its weights, refusing weights that do not fit the recorded shapes or are not finite."""
@@ -54,13 +98,39 @@ class Checkpoint:
         return model.to(device)
 
 
-def load_checkpoint(path: str | Path) -> Checkpoint:
-    """Read and check a checkpoint; every problem becomes one UsageError line, never a partial load."""
+def newest_checkpoint(runs_dir: Path = RUNS_DIR) -> Path:
+    """The most recently written best.pt under runs_dir: what `charlm sample` and `eval` use when given none."""
+    found = [p for p in runs_dir.glob("**/best.pt") if p.is_file()] if runs_dir.is_dir() else []
+    if not found:
+        raise UsageError(
+            f"no checkpoint given and none found under {runs_dir}/: train one with `charlm train`, "
+            "or pass a checkpoint file or run folder (e.g. runs/cpu/best.pt)"
+        )
+    return max(found, key=lambda p: p.stat().st_mtime)
+
+
+def checkpoint_file(path: str | Path) -> Path:
+    """A checkpoint file as given, the best.pt inside a run folder, or an export folder (`charlm export`)."""
     path = Path(path)
+    if path.is_dir():
+        if (path / "best.pt").is_file():
+            return path / "best.pt"
+        if (path / "model.safetensors").is_file():
+            return path
+        raise UsageError(f"{path} is a folder without best.pt: give a checkpoint file, a run folder of `charlm train` "
+                         "or a folder written by `charlm export`")
+    return path
+
+
+def load_checkpoint(path: str | Path) -> Checkpoint:
+    """Read and check a checkpoint (or a run folder's best.pt); every problem is one UsageError line."""
+    path = checkpoint_file(path)
+    if path.is_dir():
+        from charlm.export import read_export  # imports this module: loaded only when needed
+
+        return read_export(path)
     if not path.exists():
         raise UsageError(f"checkpoint not found: {path} (train one with `charlm train`, or check the path)")
-    if path.is_dir():
-        raise UsageError(f"checkpoint path is a directory: {path} (give a .pt file, e.g. {path / 'best.pt'})")
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import signal
 import sys
+from enum import Enum
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -12,6 +13,7 @@ import typer
 from rich.markup import escape
 
 from charlm import __version__
+from charlm.config import DEVICE_NAMES  # no torch behind it: --help stays fast
 from charlm.errors import USAGE_EXIT, CharlmError, Interrupted, UsageError
 
 EXIT_CODES_HELP = "Exit codes: 0 ok, 1 runtime failure, 2 usage or config error, 130/143 interrupted (SIGINT/SIGTERM)."
@@ -31,6 +33,45 @@ class State:
     debug = False
 
 
+# Fixed choices as Enums: --help lists them and the shell completes them.
+Split = Enum("Split", {name: name for name in ("val", "train", "all")}, type=str)
+Unknown = Enum("Unknown", {name: name for name in ("error", "skip", "replace")}, type=str)
+
+
+DEVICES = ("auto", "cpu", "cuda", "mps")
+DEVICE_HELP = f"{DEVICE_NAMES}."
+
+
+def _complete_device(incomplete: str) -> list[str]:
+    return [d for d in DEVICES if d.startswith(incomplete)]
+
+
+ConfigOption = Annotated[Optional[str], typer.Option(
+    "--config", "-c", help="YAML config file, or a shipped config's name (tiny, cpu, notebook, gpu). Default: cpu.")]
+SetOption = Annotated[Optional[list[str]], typer.Option(
+    "--set", help="Override one key: section.key=value (repeatable), e.g. --set train.lr=3e-4.")]
+DeviceOption = Annotated[str, typer.Option(help=DEVICE_HELP, autocompletion=_complete_device)]
+
+
+def _needs_torch() -> None:
+    """Commands that run a model check torch first; --help, config and download never import it."""
+    from charlm.device import require_torch
+
+    require_torch()
+
+
+def _checkpoint_path(given: Optional[str]) -> Path:
+    """The checkpoint given (a file or a run folder), else the newest run's best.pt, said on stderr."""
+    from charlm.checkpoint import checkpoint_file, newest_checkpoint
+    from charlm.progress import stderr_console
+
+    if given is not None:
+        return checkpoint_file(given)
+    path = newest_checkpoint()
+    stderr_console().print(f"using {path} (newest run)", markup=False)
+    return path
+
+
 def _version(value: bool) -> None:
     if value:
         typer.echo(f"charlm {__version__}")
@@ -39,13 +80,11 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def root(
-    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")] = False,
+    version: Annotated[bool, typer.Option(
+        "--version", callback=_version, is_eager=True, help="Print the version and exit.")] = False,
     debug: Annotated[bool, typer.Option("--debug", help="Show the Python traceback when something fails.")] = False,
 ) -> None:
     State.debug = debug
-    from charlm.device import require_torch  # imports torch: after --help and --version, which need none
-
-    require_torch()
 
 
 def _print_json(obj: dict) -> None:
@@ -58,12 +97,16 @@ def _print_json(obj: dict) -> None:
 
 @app.command()
 def download(
-    url: Annotated[Optional[str], typer.Option(help="http://, https:// or file:// URL. Default: $CHARLM_DATA_URL, else tiny-shakespeare's canonical URL.")] = None,
+    url: Annotated[Optional[str], typer.Option(
+        help="http://, https:// or file:// URL. Default: $CHARLM_DATA_URL, else tiny-shakespeare's canonical "
+             "URL.")] = None,
     dest: Annotated[Path, typer.Option(help="Where to write the file.")] = Path("data/tinyshakespeare.txt"),
-    sha256: Annotated[Optional[str], typer.Option(help="Expected SHA-256 (hex) of another corpus. Default: tiny-shakespeare's.")] = None,
+    sha256: Annotated[Optional[str], typer.Option(
+        help="Expected SHA-256 (hex) of another corpus. Default: tiny-shakespeare's.")] = None,
     no_verify: Annotated[bool, typer.Option("--no-verify", help="Skip the SHA-256 check (for other corpora).")] = False,
     force: Annotated[bool, typer.Option("--force", help="Download again even if the file is already there.")] = False,
-    retries: Annotated[int, typer.Option(min=0, max=10, help="Extra attempts after a transient failure (backoff 1, 2, 4, 8 s).")] = 4,
+    retries: Annotated[int, typer.Option(
+        min=0, max=10, help="Extra attempts after a transient failure (backoff 1, 2, 4, 8 s).")] = 4,
     timeout: Annotated[float, typer.Option(min=0.1, help="Seconds to wait for the server on each attempt.")] = 10.0,
 ) -> None:
     """Fetch tiny-shakespeare (or another text) and verify its SHA-256; keeps a verified file that is already there."""
@@ -74,7 +117,8 @@ def download(
     expected = None if no_verify else (sha256 or dl.TINY_SHAKESPEARE_SHA256)
     with DownloadBar(dest.name) as bar:
         result = dl.download(source, dest, expected, force=force, retries=retries, timeout=timeout, progress=bar.update)
-    what = "downloaded" if result.downloaded else "already there, verified" if expected else "already there (not verified)"
+    kept = "already there, verified" if expected else "already there (not verified)"
+    what = "downloaded" if result.downloaded else kept
     stderr_console().print(f"{result.path}: {what} ({result.bytes:,} bytes, sha256 {result.sha256[:16]}...)")
 
 
@@ -83,44 +127,43 @@ def download(
 
 @app.command()
 def train(
-    config: Annotated[Optional[str], typer.Option("--config", "-c", help="YAML config file, or a shipped config's name (tiny, cpu, notebook, gpu). Default: cpu.")] = None,
-    set_: Annotated[Optional[list[str]], typer.Option("--set", help="Override one key: section.key=value (repeatable), e.g. --set train.lr=3e-4.")] = None,
+    config: ConfigOption = None,
+    set_: SetOption = None,
     data: Annotated[Optional[str], typer.Option(help="UTF-8 text file to train on (data.path).")] = None,
     out_dir: Annotated[Optional[Path], typer.Option(help="Run folder. Default: runs/<config name>.")] = None,
-    device: Annotated[Optional[str], typer.Option(help="auto, cpu, cuda, cuda:N or mps (train.device).")] = None,
+    device: Annotated[Optional[str], typer.Option(help=f"{DEVICE_HELP} (train.device)",
+                                                  autocompletion=_complete_device)] = None,
     max_steps: Annotated[Optional[int], typer.Option(help="Optimizer steps at most (train.max_steps).")] = None,
-    max_seconds: Annotated[Optional[float], typer.Option(help="Training time budget in seconds (train.max_seconds).")] = None,
+    max_seconds: Annotated[Optional[float], typer.Option(
+        help="Training time budget in seconds (train.max_seconds).")] = None,
     seed: Annotated[Optional[int], typer.Option(help="Random seed (train.seed).")] = None,
-    resume: Annotated[bool, typer.Option("--resume", help="Continue the run in --out-dir from its last.pt.")] = False,
+    resume: Annotated[bool, typer.Option(
+        "--resume", help="Continue the run in --out-dir from its last.pt (settings equal to the run's are fine; only "
+                         "limits and schedule knobs may change).")] = False,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace the run already in --out-dir.")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print the summary as one JSON object on stdout.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar or evaluation lines.")] = False,
 ) -> None:
     """Train a model; with no options, trains configs/cpu.yaml on tiny-shakespeare (downloaded when missing)."""
-    from charlm import config as cfg
-    from charlm.download import DEFAULT_DEST, ensure_corpus
+    _needs_torch()
     from charlm.progress import TrainReporter
     from charlm.report import print_train_summary
-    from charlm.train import run_training
+    from charlm.config import DEFAULT_CONFIG
+    from charlm.run import requested_config, run_training
+    from charlm.signals import StopSignals
 
     if resume and overwrite:
         raise UsageError("--resume and --overwrite contradict each other; choose one")
     options = {
-        "data.path": ("--data", data), "train.device": ("--device", device), "train.max_steps": ("--max-steps", max_steps),
-        "train.max_seconds": ("--max-seconds", max_seconds), "train.seed": ("--seed", seed),
+        "data.path": ("--data", data), "train.device": ("--device", device),
+        "train.max_steps": ("--max-steps", max_steps), "train.max_seconds": ("--max-seconds", max_seconds),
+        "train.seed": ("--seed", seed),
     }
-    config_name = config or cfg.DEFAULT_CONFIG
-    run_dir = out_dir or Path("runs") / Path(config_name).stem
-    reporter = TrainReporter(quiet)
-    if resume:
-        changes = cfg.explicit_settings(set_ or [], options)
-        settings = None
-    else:
-        changes = {}
-        settings = cfg.load_config(config_name, set_ or [], options)
-        if Path(settings.data.path) == DEFAULT_DEST:
-            ensure_corpus(DEFAULT_DEST, reporter.info)
-    summary = run_training(settings, run_dir, resume=resume, overwrite=overwrite, resume_changes=changes, reporter=reporter)
+    settings, changes = requested_config(config, set_ or [], options, resume)
+    run_dir = out_dir or Path("runs") / Path(config or DEFAULT_CONFIG).stem
+    with StopSignals(before_exit=_remover_if_created(run_dir)) as stop:
+        summary = run_training(settings, run_dir, resume=resume, overwrite=overwrite, resume_changes=changes,
+                               reporter=TrainReporter(quiet), stop=stop)
     if summary is None:  # a rank other than 0 under torchrun: rank 0 reports
         return
     if json_out:
@@ -129,33 +172,52 @@ def train(
         print_train_summary(summary)
 
 
+def _remover_if_created(folder: Path):
+    """Removes `folder` if this command created it and it is still empty (for an exit before training starts)."""
+    existed = folder.exists()
+
+    def remove() -> None:
+        if not existed and folder.is_dir() and not any(folder.iterdir()):
+            folder.rmdir()
+
+    return remove
+
+
 # ---------------------------------------------------------------------------- eval
+
+
+CHECKPOINT_HELP = "Checkpoint file or run folder (its best.pt). Default: the newest runs/*/best.pt."
 
 
 @app.command("eval")
 def eval_(
-    checkpoint: Annotated[str, typer.Argument(help="Checkpoint file, e.g. runs/cpu/best.pt.")],
-    data: Annotated[Optional[str], typer.Option(help="UTF-8 text to score. Default: the file the model was trained on.")] = None,
-    split: Annotated[str, typer.Option(help="val (the held-out tail, as in training), train, or all of the text.")] = "val",
-    unknown: Annotated[str, typer.Option(help="Characters outside the model's vocabulary: error, skip or replace.")] = "error",
-    replace_with: Annotated[Optional[str], typer.Option(help="Character used by --unknown replace. Default: space.")] = None,
-    device: Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:N or mps.")] = "auto",
+    checkpoint: Annotated[Optional[str], typer.Argument(help=CHECKPOINT_HELP, show_default=False)] = None,
+    data: Annotated[Optional[str], typer.Option(
+        help="UTF-8 text to score. Default: the file the model was trained on.")] = None,
+    split: Annotated[Optional[Split], typer.Option(
+        help="val: the held-out tail, as in training; train; all: the whole file. Default: val of the run's own "
+             "corpus, all of any other --data file.", show_default=False)] = None,
+    unknown: Annotated[Unknown, typer.Option(help="Characters outside the model's vocabulary.")] = Unknown.error,
+    replace_with: Annotated[Optional[str], typer.Option(
+        help="Character used by --unknown replace. Default: space.")] = None,
+    device: DeviceOption = "auto",
     batch_size: Annotated[int, typer.Option(min=1, help="Windows per forward pass.")] = 64,
-    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object: loss, bpc, perplexity, chars.")] = False,
+    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object: loss, bpc, perplexity, chars, "
+                                                           "split, file.")] = False,
 ) -> None:
     """Score a checkpoint on text in one deterministic full pass: nats/char, bits/char, perplexity."""
-    from charlm.evaluate import evaluate_checkpoint
+    _needs_torch()
+    from charlm.api import load
     from charlm.report import print_eval_result
 
-    _choice("--split", split, ("train", "val", "all"))
-    _choice("--unknown", unknown, ("error", "skip", "replace"))
-    if replace_with is not None and len(replace_with) != 1:
-        raise UsageError(f"--replace-with takes one character, got {replace_with!r}")
-    result = evaluate_checkpoint(checkpoint, data, split, unknown, device, batch_size, replace_with)
+    _check_replacement(replace_with)
+    model = load(_checkpoint_path(checkpoint), device)  # a bad checkpoint is reported before a bad text
+    result = model.evaluate(Path(data) if data else None, split.value if split else None, unknown.value,
+                            replace_with, batch_size)
     if json_out:
         _print_json(result.to_dict())
     else:
-        print_eval_result(result, split)
+        print_eval_result(result)
 
 
 # ---------------------------------------------------------------------------- sample
@@ -163,62 +225,67 @@ def eval_(
 
 @app.command("sample")
 def sample_(
-    checkpoint: Annotated[str, typer.Argument(help="Checkpoint file, e.g. runs/cpu/best.pt.")],
+    checkpoint: Annotated[Optional[str], typer.Argument(help=CHECKPOINT_HELP, show_default=False)] = None,
     prompt: Annotated[Optional[str], typer.Option(help="Text to continue. Default: a newline.")] = None,
-    prompt_file: Annotated[Optional[Path], typer.Option(help="Read the prompt from this UTF-8 file instead.")] = None,
-    max_new_tokens: Annotated[Optional[int], typer.Option(min=0, help="Characters to generate per sample. Default: the checkpoint's sample.max_new_tokens.")] = None,
-    temperature: Annotated[Optional[float], typer.Option(min=0.0, help="Softmax temperature; 0 = greedy (argmax).")] = None,
-    top_k: Annotated[Optional[int], typer.Option(min=1, help="Keep only the K most likely characters (clamped to the vocabulary).")] = None,
-    top_p: Annotated[Optional[float], typer.Option(help="Nucleus: keep the smallest set of characters reaching probability P (0 < P <= 1).")] = None,
-    seed: Annotated[Optional[int], typer.Option(help="Same seed and options give the same text on the same device.")] = None,
+    prompt_file: Annotated[Optional[str], typer.Option(help="Read the prompt from this UTF-8 file instead; - reads "
+                                                            "standard input.")] = None,
+    max_new_tokens: Annotated[Optional[int], typer.Option(
+        min=0, help="Characters to generate per sample. Default: the checkpoint's sample.max_new_tokens.")] = None,
+    temperature: Annotated[Optional[float], typer.Option(
+        min=0.0, help="Softmax temperature; 0 = greedy (argmax).")] = None,
+    top_k: Annotated[Optional[int], typer.Option(
+        min=1, help="Keep only the K most likely characters (clamped to the vocabulary).")] = None,
+    top_p: Annotated[Optional[float], typer.Option(
+        help="Nucleus: keep the smallest set of characters reaching probability P (0 < P <= 1).")] = None,
+    seed: Annotated[Optional[int], typer.Option(
+        help="Same seed and options give the same text on the same device.")] = None,
     num_samples: Annotated[int, typer.Option(min=1, max=1024, help="Samples generated together as one batch.")] = 1,
-    stop: Annotated[Optional[list[str]], typer.Option(help="End a sample at the first occurrence of this string (included). Repeatable.")] = None,
-    unknown: Annotated[str, typer.Option(help="Prompt characters outside the vocabulary: error, skip or replace.")] = "error",
-    replace_with: Annotated[Optional[str], typer.Option(help="Character used by --unknown replace. Default: space.")] = None,
-    device: Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:N or mps.")] = "auto",
-    stream: Annotated[Optional[bool], typer.Option("--stream/--no-stream", help="Print characters as they come (default: on a terminal, with one sample).")] = None,
-    no_cache: Annotated[bool, typer.Option("--no-cache", help="Recompute the whole window every step (slow; the reference path).")] = False,
-    json_out: Annotated[bool, typer.Option("--json", help='Print one JSON object: {"samples": [...], "chars_per_s": ...}.')] = False,
+    stop: Annotated[Optional[list[str]], typer.Option(
+        help="End a sample at the first occurrence of this string (included). Repeatable.")] = None,
+    unknown: Annotated[Unknown, typer.Option(help="Prompt characters outside the vocabulary.")] = Unknown.error,
+    replace_with: Annotated[Optional[str], typer.Option(
+        help="Character used by --unknown replace. Default: space.")] = None,
+    device: DeviceOption = "auto",
+    stream: Annotated[Optional[bool], typer.Option(
+        "--stream/--no-stream",
+        help="Print characters as they come (default: on a terminal, with one sample).")] = None,
+    no_cache: Annotated[bool, typer.Option(
+        "--no-cache", help="Recompute the whole window every step (slow; the reference path).")] = False,
+    json_out: Annotated[bool, typer.Option(
+        "--json", help='Print one JSON object: {"samples": [...], "chars_per_s": ...}.')] = False,
 ) -> None:
     """Generate text from a checkpoint, continuing a prompt (KV-cached; temperature, top-k, top-p, stop strings)."""
-    from charlm.checkpoint import load_checkpoint
-    from charlm.data import read_text
-    from charlm.device import pick_device
-    from charlm.generate import SampleOptions, encode_prompt, sample
+    _needs_torch()
+    from charlm.api import check_sample_options, load
+    from charlm.data import read_prompt
 
-    _choice("--unknown", unknown, ("error", "skip", "replace"))
     if prompt is not None and prompt_file is not None:
         raise UsageError("give --prompt or --prompt-file, not both")
-    if top_p is not None and not 0.0 < top_p <= 1.0:
-        raise UsageError(f"--top-p must be in (0, 1], got {top_p} (1 keeps every character)")
-    if any(s == "" for s in stop or []):
-        raise UsageError("--stop needs a non-empty string")
-    text = read_text(prompt_file) if prompt_file is not None else ("\n" if prompt is None else prompt)
-    ckpt = load_checkpoint(checkpoint)
-    defaults = ckpt.config.sample
-    model = ckpt.build_model(pick_device(device))  # a bad checkpoint is reported before a bad prompt
-    prompt_ids = encode_prompt(ckpt.tokenizer, text, unknown, replace_with)
-    options = SampleOptions(
-        max_new_tokens=defaults.max_new_tokens if max_new_tokens is None else max_new_tokens,
-        temperature=defaults.temperature if temperature is None else temperature,
-        top_k=defaults.top_k if top_k is None else top_k,
-        top_p=defaults.top_p if top_p is None else top_p,
-        seed=seed, num_samples=num_samples, stop=stop or [], use_cache=not no_cache,
-    )
+    _check_replacement(replace_with)
+    model = load(_checkpoint_path(checkpoint), device)  # a bad checkpoint is reported before a bad prompt
+    text = read_prompt(prompt_file) if prompt_file is not None else ("\n" if prompt is None else prompt)
+    options = check_sample_options(model.config, max_new_tokens=max_new_tokens, temperature=temperature,
+                                   top_k=top_k, top_p=top_p, seed=seed, stop=stop or [], num_samples=num_samples,
+                                   use_cache=not no_cache)
+    prompt_ids = model.encode_prompt(text, unknown.value, replace_with)
     streaming = not json_out and num_samples == 1 and (stream if stream is not None else sys.stdout.isatty())
     if streaming:
-        sys.stdout.write(ckpt.tokenizer.decode(prompt_ids))
-        sys.stdout.flush()
-    result = sample(model, ckpt.tokenizer, prompt_ids, options, on_text=_write_flushed if streaming else None)
+        _write_flushed(model.tokenizer.decode(prompt_ids))  # the prompt as the model sees it
+    result = model.sample(prompt_ids, options, on_text=_write_flushed if streaming else None)
     if json_out:
         _print_json({"samples": result.samples, "chars_per_s": result.chars_per_s})
     elif streaming:
         sys.stdout.write("\n")
     else:
-        for i, text in enumerate(result.samples):
+        for i, sample_text in enumerate(result.samples):
             if num_samples > 1:
                 sys.stdout.write(f"--- sample {i + 1} ---\n")
-            sys.stdout.write(text + "\n")
+            sys.stdout.write(sample_text + "\n")
+
+
+def _check_replacement(replace_with: Optional[str]) -> None:
+    if replace_with is not None and len(replace_with) != 1:
+        raise UsageError(f"--replace-with takes one character, got {replace_with!r}")
 
 
 def _write_flushed(text: str) -> None:
@@ -231,24 +298,31 @@ def _write_flushed(text: str) -> None:
 
 @app.command()
 def info(
-    checkpoint: Annotated[Optional[str], typer.Argument(help="Checkpoint file; or use --config.")] = None,
-    config: Annotated[Optional[str], typer.Option("--config", "-c", help="YAML config or shipped config name (no data needed). Default: cpu.")] = None,
-    set_: Annotated[Optional[list[str]], typer.Option("--set", help="Override one key: section.key=value (repeatable).")] = None,
-    vocab_size: Annotated[int, typer.Option(min=1, help="Vocabulary size with --config (tiny-shakespeare has 65).")] = 65,
-    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object (total_params, flops_per_token, components).")] = False,
+    checkpoint: Annotated[Optional[str], typer.Argument(
+        help="Checkpoint file or run folder. Default: --config if given, else the newest runs/*/best.pt, else the cpu "
+             "config.", show_default=False)] = None,
+    config: ConfigOption = None,
+    set_: SetOption = None,
+    vocab_size: Annotated[int, typer.Option(
+        min=1, help="Vocabulary size with --config (tiny-shakespeare has 65).")] = 65,
+    json_out: Annotated[bool, typer.Option(
+        "--json", help="Print one JSON object (total_params, flops_per_token, components).")] = False,
 ) -> None:
     """Parameters per component and training FLOPs per token, each beside its formula."""
+    _needs_torch()
     from charlm import config as cfg
-    from charlm.checkpoint import load_checkpoint
+    from charlm.checkpoint import RUNS_DIR, load_checkpoint
     from charlm.info import model_info
     from charlm.report import print_model_info
 
     if checkpoint is not None and (config is not None or set_):
         raise UsageError("give a checkpoint or --config/--set, not both")
+    if checkpoint is None and config is None and not set_ and any(RUNS_DIR.glob("**/best.pt")):
+        checkpoint = str(_checkpoint_path(None))
     if checkpoint is not None:
         ckpt = load_checkpoint(checkpoint)
         ckpt.build_model()  # the same checks as eval and sample: shapes, vocabulary, finite weights
-        model_config, vocab, title = ckpt.config.model, ckpt.tokenizer.vocab_size, checkpoint
+        model_config, vocab, title = ckpt.config.model, ckpt.tokenizer.vocab_size, str(ckpt.path)
     else:
         model_config = cfg.load_config(config or cfg.DEFAULT_CONFIG, set_ or []).model
         vocab, title = vocab_size, f"{config or cfg.DEFAULT_CONFIG} (vocabulary {vocab_size})"
@@ -259,6 +333,69 @@ def info(
         print_model_info(result, title)
 
 
+# ---------------------------------------------------------------------------- attention
+
+
+@app.command()
+def attention(
+    checkpoint: Annotated[Optional[str], typer.Argument(help=CHECKPOINT_HELP, show_default=False)] = None,
+    prompt: Annotated[str, typer.Option(help="Text to look at (at most the model's context length).")] = "ROMEO: ",
+    output: Annotated[Path, typer.Option("--output", "-o", help="PNG file to write.")] = Path("attention.png"),
+    layer: Annotated[Optional[list[int]], typer.Option(help="Layer to show (repeatable; 0-based). Default: all.")] = None,
+    head: Annotated[Optional[list[int]], typer.Option(help="Head to show (repeatable; 0-based). Default: all.")] = None,
+    json_out: Annotated[bool, typer.Option(
+        "--json", help='Print {"chars": [...], "layers": [...], "heads": [...], "weights": layers x heads x T x T} '
+                       "instead of drawing.")] = False,
+) -> None:
+    """Attention maps: one heatmap per layer and head, the prompt's characters along both axes."""
+    _needs_torch()
+    from charlm.api import load
+    from charlm.progress import stderr_console
+
+    model = load(_checkpoint_path(checkpoint), "cpu")
+    weights = model.attention(prompt)  # (L, nh, T, T)
+    layers = _pick("--layer", layer, weights.size(0))
+    heads = _pick("--head", head, weights.size(1))
+    chars = [model.tokenizer.decode([i]) for i in model.encode_prompt(prompt)]
+    if json_out:
+        picked = weights[layers][:, heads]
+        _print_json({"chars": chars, "layers": layers, "heads": heads, "weights": picked.tolist()})
+        return
+    from charlm.plot import plot_attention
+
+    plot_attention(weights, chars, layers, heads, output, f"attention of {model.path} on {prompt!r}")
+    stderr_console().print(f"wrote {output} ({len(layers)} layers x {len(heads)} heads, {len(chars)} characters)",
+                           markup=False)
+
+
+def _pick(flag: str, chosen: Optional[list[int]], count: int) -> list[int]:
+    bad = [i for i in chosen or [] if not 0 <= i < count]
+    if bad:
+        raise UsageError(f"{flag} {bad[0]} does not exist: the model has {count} (0 to {count - 1})")
+    return list(dict.fromkeys(chosen)) if chosen else list(range(count))
+
+
+# ---------------------------------------------------------------------------- export
+
+
+@app.command("export")
+def export_(
+    paths: Annotated[list[str], typer.Argument(
+        metavar="[CKPT] DIR", show_default=False,
+        help="Checkpoint file or run folder (default: the newest runs/*/best.pt), then the folder to write.")],
+) -> None:
+    """Write a model anyone can load without unpickling: model.safetensors, config.json, vocab.json, README.md."""
+    _needs_torch()
+    from charlm.api import export
+    from charlm.progress import stderr_console
+
+    if len(paths) > 2:
+        raise UsageError(f"charlm export takes [CKPT] DIR, got {len(paths)} paths")
+    source = _checkpoint_path(paths[0] if len(paths) == 2 else None)
+    written = export(source, Path(paths[-1]))
+    stderr_console().print(f"exported {source} to {paths[-1]}: {', '.join(p.name for p in written)}", markup=False)
+
+
 # ---------------------------------------------------------------------------- plot and config
 
 
@@ -267,7 +404,8 @@ def plot(
     run_dirs: Annotated[list[Path], typer.Argument(help="One or more run folders (each with metrics.jsonl).")],
     output: Annotated[Path, typer.Option("--output", "-o", help="PNG file to write.")] = Path("loss.png"),
 ) -> None:
-    """Plot train and val loss against step and wall time, with the learning rate (needs charlm[plot])."""
+    """Plot train and val loss against step and wall time, with the learning rate (needs the plot extra:
+    pip install -e ".[plot]")."""
     from charlm.plot import plot_runs
     from charlm.progress import stderr_console
 
@@ -277,21 +415,23 @@ def plot(
 
 @app.command("config")
 def config_(
-    show: Annotated[bool, typer.Option("--show", help="Print the resolved configuration as YAML.")] = False,
-    config: Annotated[Optional[str], typer.Option("--config", "-c", help="YAML config or shipped config name. Default: cpu.")] = None,
-    set_: Annotated[Optional[list[str]], typer.Option("--set", help="Override one key: section.key=value (repeatable).")] = None,
+    config: ConfigOption = None,
+    set_: SetOption = None,
+    show: Annotated[bool, typer.Option(
+        "--show", help="Print the resolved configuration as YAML (the default).")] = False,
+    keys: Annotated[bool, typer.Option("--keys", help="List every key with its type, default and meaning.")] = False,
 ) -> None:
-    """Show the configuration a `charlm train` with the same --config/--set would use (every key, resolved)."""
+    """Print the configuration a `charlm train` with the same --config/--set would use (every key, resolved)."""
     from charlm import config as cfg
 
-    if not show:
-        raise UsageError("charlm config needs --show (it prints the resolved configuration as YAML)")
+    if keys:
+        if show or config is not None or set_:
+            raise UsageError("--keys lists every key with its default; it takes no --show, --config or --set")
+        from charlm.report import print_config_keys
+
+        print_config_keys(cfg.key_reference())
+        return
     sys.stdout.write(cfg.load_config(config or cfg.DEFAULT_CONFIG, set_ or []).to_yaml())
-
-
-def _choice(flag: str, value: str, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        raise UsageError(f"{flag} must be one of {', '.join(choices)}, got {value!r}")
 
 
 # ---------------------------------------------------------------------------- entry point
@@ -329,7 +469,8 @@ def main(argv: list[str] | None = None) -> None:
         elif State.debug:
             raise
         else:
-            console.print(f"[red]internal error:[/red] {escape(f'{type(e).__name__}: {e}')} (rerun with --debug for the traceback)")
+            console.print(f"[red]internal error:[/red] {escape(f'{type(e).__name__}: {e}')} "
+                          "(rerun with --debug for the traceback)")
             code = 1
     sys.exit(code or 0)
 

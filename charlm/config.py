@@ -26,72 +26,98 @@ CONFIG_DIRS = (_PACKAGE_DIR.parent / "configs", _PACKAGE_DIR / "_configs")
 DEFAULT_CONFIG = "cpu"
 
 
-def _f(default: Any, help: str, **checks: Any) -> Any:
+def documented(default: Any, help: str, **checks: Any) -> Any:
     """A dataclass field with its help text and range checks (ge, gt, le, lt) kept as metadata."""
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata={"help": help, "default": default, **checks})
     return field(default=default, metadata={"help": help, **checks})
+
+
+Logger = Literal["jsonl", "csv", "tensorboard", "wandb"]
 
 
 @dataclass
 class DataConfig:
-    path: str = _f("data/tinyshakespeare.txt", "UTF-8 text file to train on (downloaded when it is the default and missing)")
-    val_fraction: float = _f(0.1, "last fraction of the text held out for validation", gt=0.0, lt=1.0)
+    path: str = documented("data/tinyshakespeare.txt", "UTF-8 text file to train on (downloaded when it is the default and missing)")
+    val_fraction: float = documented(0.1, "last fraction of the text held out for validation", gt=0.0, lt=1.0)
 
 
 @dataclass
 class ModelConfig:
-    n_layer: int = _f(4, "number of Transformer blocks", ge=1)
-    n_head: int = _f(4, "attention heads per block (must divide n_embd)", ge=1)
-    n_embd: int = _f(128, "width of the residual stream", ge=1)
-    block_size: int = _f(64, "context length in characters", ge=1)
-    dropout: float = _f(0.0, "dropout probability in attention, MLP and embeddings", ge=0.0, lt=1.0)
-    bias: bool = _f(True, "biases in Linear layers and LayerNorms")
-    pos_encoding: Literal["learned", "sinusoidal", "rope", "alibi"] = _f(
+    n_layer: int = documented(4, "number of Transformer blocks", ge=1)
+    n_head: int = documented(4, "attention heads per block (must divide n_embd)", ge=1)
+    n_embd: int = documented(128, "width of the residual stream", ge=1)
+    block_size: int = documented(64, "context length in characters", ge=1)
+    dropout: float = documented(0.0, "dropout probability in attention, MLP and embeddings", ge=0.0, lt=1.0)
+    bias: bool = documented(True, "biases in Linear layers and LayerNorms")
+    pos_encoding: Literal["learned", "sinusoidal", "rope", "alibi"] = documented(
         "learned", "positions: learned or sinusoidal (absolute, added to embeddings); rope or alibi (relative, in attention)"
     )
-    norm: Literal["layernorm", "rmsnorm"] = _f("layernorm", "normalisation layer")
-    norm_position: Literal["pre", "post"] = _f("pre", "pre: x + f(norm(x)) (GPT-2); post: norm(x + f(x)) (original paper)")
-    activation: Literal["relu", "gelu", "swiglu"] = _f("gelu", "feed-forward activation (swiglu uses 2/3 of the hidden width)")
-    ffn_mult: float = _f(4.0, "feed-forward hidden width as a multiple of n_embd", gt=0.0)
-    tie_weights: bool = _f(True, "share the output head's weights with the token embedding")
+    norm: Literal["layernorm", "rmsnorm"] = documented("layernorm", "normalisation layer")
+    norm_position: Literal["pre", "post"] = documented("pre", "pre: x + f(norm(x)) (GPT-2); post: norm(x + f(x)) (original paper)")
+    activation: Literal["relu", "gelu", "swiglu"] = documented("gelu", "feed-forward activation (swiglu uses 2/3 of the hidden width)")
+    ffn_mult: float = documented(4.0, "feed-forward hidden width as a multiple of n_embd", gt=0.0)
+    tie_weights: bool = documented(True, "share the output head's weights with the token embedding")
+    qkv_bias: bool | None = documented(None, "biases in the Q/K/V projections (null = model.bias)")
+    proj_bias: bool | None = documented(None, "bias in attention's output projection W_O (null = model.bias)")
+    ffn_bias: bool | None = documented(None, "biases in the feed-forward layers (null = model.bias)")
+    head_bias: bool = documented(False, "a bias in the output head's logits (GPT-2 has none)")
+    attention: Literal["fused", "explicit"] = documented(
+        "fused", "fused: torch's scaled_dot_product_attention kernel; explicit: softmax(QKᵀ/√d_head + mask) V "
+        "written out (same results, slower; can return the weights)")
 
 
 @dataclass
 class TrainConfig:
-    batch_size: int = _f(32, "windows per micro-batch", ge=1)
-    grad_accum: int = _f(1, "micro-batches accumulated per optimizer step", ge=1)
-    max_steps: int = _f(5000, "optimizer steps at most (0 = no step limit)", ge=0)
-    max_seconds: float = _f(0.0, "wall-clock budget for training in seconds, per invocation (0 = none)", ge=0.0)
-    lr: float = _f(1e-3, "peak learning rate of AdamW", gt=0.0)
-    min_lr: float = _f(1e-5, "ReduceLROnPlateau never goes below this learning rate", ge=0.0)
-    weight_decay: float = _f(0.1, "AdamW weight decay, applied to matrices only", ge=0.0)
-    beta1: float = _f(0.9, "AdamW beta1", ge=0.0, lt=1.0)
-    beta2: float = _f(0.99, "AdamW beta2", ge=0.0, lt=1.0)
-    warmup_steps: int = _f(0, "linear learning-rate warmup from 0 over this many steps", ge=0)
-    lr_schedule: Literal["plateau", "cosine", "linear"] = _f(
+    batch_size: int = documented(32, "windows per micro-batch", ge=1)
+    grad_accum: int = documented(1, "micro-batches accumulated per optimizer step", ge=1)
+    max_steps: int = documented(5000, "optimizer steps at most (0 = no step limit)", ge=0)
+    max_seconds: float = documented(0.0, "wall-clock budget for training in seconds, per invocation (0 = none)", ge=0.0)
+    lr: float = documented(1e-3, "peak learning rate of AdamW", gt=0.0)
+    min_lr: float = documented(1e-5, "ReduceLROnPlateau never goes below this learning rate", ge=0.0)
+    weight_decay: float = documented(0.1, "AdamW weight decay (on the parameters train.decay says)", ge=0.0)
+    decay: Literal["matrices", "all"] = documented(
+        "matrices", "which parameters weight decay applies to: matrices (not biases, norms; GPT-2) or all (torch's "
+        "AdamW used plainly, as the course notebook does)")
+    beta1: float = documented(0.9, "AdamW beta1", ge=0.0, lt=1.0)
+    beta2: float = documented(0.99, "AdamW beta2", ge=0.0, lt=1.0)
+    warmup_steps: int = documented(0, "linear learning-rate warmup from 0 over this many steps", ge=0)
+    lr_schedule: Literal["plateau", "cosine", "linear"] = documented(
         "plateau", "after warmup: plateau = ReduceLROnPlateau on validation loss; cosine or linear = decay to min_lr "
         "over the run's budget (max_steps or max_seconds, whichever is nearer)"
     )
-    grad_clip: float = _f(1.0, "clip the gradient norm to this value (0 = no clipping)", ge=0.0)
-    eval_interval: int = _f(250, "evaluate every this many optimizer steps", ge=1)
-    eval_windows: int = _f(128, "fixed validation windows scored at each periodic evaluation", ge=1)
-    plateau_factor: float = _f(0.5, "ReduceLROnPlateau: multiply the lr by this when validation stalls", gt=0.0, lt=1.0)
-    plateau_patience: int = _f(3, "ReduceLROnPlateau: evaluations without improvement before lowering the lr", ge=0)
-    early_stop_patience: int = _f(0, "stop after this many evaluations without improvement (0 = never)", ge=0)
-    seed: int = _f(1337, "seed for Python, torch and the batch sampler", ge=0)
-    device: str = _f("auto", "auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps")
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = _f(
+    grad_clip: float = documented(1.0, "clip the gradient norm to this value (0 = no clipping)", ge=0.0)
+    eval_interval: int = documented(250, "evaluate every this many optimizer steps", ge=1)
+    eval_windows: int = documented(128, "windows scored per split at each periodic evaluation", ge=1)
+    eval_sampling: Literal["fixed", "random"] = documented(
+        "fixed", "fixed: the same windows at every evaluation (a low-noise signal); random: fresh random windows "
+        "each time (the course notebook's estimate; seeded by train.seed and the step)")
+    eval_at_start: bool = documented(False, "also evaluate before the first step (step 0)")
+    plateau_factor: float = documented(0.5, "ReduceLROnPlateau: multiply the lr by this when validation stalls", gt=0.0, lt=1.0)
+    plateau_patience: int = documented(3, "ReduceLROnPlateau: evaluations without improvement before lowering the lr", ge=0)
+    early_stop_patience: int = documented(0, "stop after this many evaluations without improvement (0 = never)", ge=0)
+    seed: int = documented(1337, "seed for Python, torch and the batch sampler", ge=0)
+    device: str = documented("auto", "auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = documented(
         "auto", "autocast dtype: auto = bfloat16 on CUDA where supported, else float16; float32 elsewhere"
     )
-    compile: Literal["auto", "true", "false"] = _f("auto", "torch.compile: auto = on CUDA only; true; false")
-    tensorboard: bool = _f(False, "also write scalars to OUT_DIR/tensorboard (needs the tensorboard extra)")
+    compile: Literal["auto", "true", "false"] = documented("auto", "torch.compile: auto = on CUDA only; true; false")
+    loggers: list[Logger] = documented(
+        ["jsonl"], "where figures go: jsonl (OUT_DIR/metrics.jsonl, steps.jsonl, summary.json; always on), csv "
+        "(OUT_DIR/metrics.csv), tensorboard (OUT_DIR/tensorboard; the tensorboard extra), wandb (the wandb extra; "
+        "WANDB_MODE=offline honoured); e.g. --set 'train.loggers=[jsonl,csv]'")
+    log_interval: int = documented(50, "log the training loss, lr and tokens/s every this many steps (0 = only "
+                                       "with evaluations)", ge=0)
+    wandb_project: str = documented("charlm", "the Weights & Biases project of the wandb logger")
+    tensorboard: bool = documented(False, "same as adding tensorboard to train.loggers (kept for older configs)")
 
 
 @dataclass
 class SampleConfig:
-    temperature: float = _f(0.8, "softmax temperature (0 = greedy)", ge=0.0)
-    top_k: int | None = _f(None, "keep only the k most likely characters (null = all)", ge=1)
-    top_p: float = _f(1.0, "nucleus sampling: smallest set reaching this probability (1 = all)", gt=0.0, le=1.0)
-    max_new_tokens: int = _f(500, "characters to generate", ge=0)
+    temperature: float = documented(0.8, "softmax temperature (0 = greedy)", ge=0.0)
+    top_k: int | None = documented(None, "keep only the k most likely characters (null = all)", ge=1)
+    top_p: float = documented(1.0, "nucleus sampling: smallest set reaching this probability (1 = all)", gt=0.0, le=1.0)
+    max_new_tokens: int = documented(500, "characters to generate", ge=0)
 
 
 @dataclass
@@ -106,6 +132,10 @@ class Config:
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+    def flat(self) -> dict[str, Any]:
+        """Every key as `section.key` -> value."""
+        return {f"{section}.{key}": value for section, body in self.to_dict().items() for key, value in body.items()}
 
 
 SECTIONS: dict[str, type] = {"data": DataConfig, "model": ModelConfig, "train": TrainConfig, "sample": SampleConfig}
@@ -183,8 +213,8 @@ def parse_set(item: str) -> Setting:
         value = yaml.safe_load(text) if text.strip() else None
     except yaml.YAMLError:
         value = text
-    if isinstance(value, (dict, list)):
-        value = text  # only scalars: keep the text and let the type check name the key
+    if isinstance(value, dict):
+        value = text  # no mappings: keep the text and let the type check name the key
     return Setting(key, _yaml_float(value), f"--set {item}")
 
 
@@ -221,12 +251,12 @@ def build_config(settings: list[Setting]) -> Config:
         if problem:
             errors.append(problem)
     config = Config(**{name: SECTIONS[name](**values[name]) for name in SECTIONS})
-    errors += _check_ranges(config, values)
-    _raise_all(errors)
+    errors += _check_ranges(config)
+    raise_all(errors)
     return config
 
 
-def _raise_all(errors: list[str]) -> None:
+def raise_all(errors: list[str]) -> None:
     """One UsageError carrying every problem: one line for one, a count and a line each for several."""
     if len(errors) == 1:
         raise UsageError(errors[0])
@@ -261,6 +291,10 @@ def _coerce(value: Any, hint: Any) -> tuple[bool, Any]:
         if value is None and type(None) in args:
             return True, None
         return _coerce(value, next(a for a in args if a is not type(None)))
+    if origin is list:
+        items = value if isinstance(value, list) else [value]  # `--set train.loggers=csv` means [csv]
+        coerced = [_coerce(item, typing.get_args(hint)[0]) for item in items]
+        return all(ok for ok, _ in coerced), [v for _, v in coerced]
     if origin is Literal:
         choices = typing.get_args(hint)
         if isinstance(value, bool) and "true" in choices:  # YAML reads `compile: true` as a bool
@@ -285,16 +319,18 @@ def _describe(hint: Any) -> str:
         return f"{_describe(inner)} or null"
     if origin is Literal:
         return "one of " + ", ".join(str(c) for c in typing.get_args(hint))
+    if origin is list:
+        return f"a list, each {_describe(typing.get_args(hint)[0])}"
     return {bool: "true or false", int: "an integer", float: "a number", str: "a string"}.get(hint, str(hint))
 
 
-def _check_ranges(config: Config, given: dict[str, dict[str, Any]]) -> list[str]:
+def _check_ranges(config: Config) -> list[str]:
     errors = []
     for section in SECTIONS:
         obj = getattr(config, section)
         for f in dataclasses.fields(obj):
             value = getattr(obj, f.name)
-            if value is None or isinstance(value, (bool, str)):
+            if value is None or isinstance(value, (bool, str, list)):
                 continue
             problem = _range_problem(value, f.metadata)
             if problem:
@@ -307,10 +343,17 @@ def _check_ranges(config: Config, given: dict[str, dict[str, Any]]) -> list[str]
         errors.append(f"model.pos_encoding rope needs an even head size, but n_embd / n_head = {m.n_embd // m.n_head}")
     if config.train.max_steps == 0 and config.train.max_seconds == 0:
         errors.append("train.max_steps and train.max_seconds are both 0: set at least one limit")
-    device = config.train.device
-    if not (device in ("auto", "cpu", "cuda", "mps") or (device.startswith("cuda:") and device[5:].isdigit())):
-        errors.append(f"train.device: expected auto, cpu, cuda, cuda:N or mps, got {device!r}")
+    if not valid_device_name(config.train.device):
+        errors.append(f"train.device: expected {DEVICE_NAMES}, got {config.train.device!r}")
     return errors
+
+
+DEVICE_NAMES = "auto, cpu, cuda, cuda:N or mps"
+
+
+def valid_device_name(name: str) -> bool:
+    """The one check of a device name, for train.device and the --device options."""
+    return name in ("auto", "cpu", "cuda", "mps") or (name.startswith("cuda:") and name[5:].isdigit())
 
 
 def _range_problem(value: float, meta: dict[str, Any]) -> str | None:
@@ -337,11 +380,16 @@ def load_config(path: str | Path | None, sets: list[str] = (), options: Options 
         settings += found
     settings += [parse_set(item) for item in sets]
     settings += _option_settings(options or {})
+    return _build_reporting_all(settings, errors)
+
+
+def _build_reporting_all(settings: list[Setting], errors: list[str]) -> Config:
+    """build_config, with the problems already found (malformed sections) reported in the same message."""
     try:
         config = build_config(settings)
     except UsageError as e:
-        _raise_all(errors + (e.details or [str(e)]))
-    _raise_all(errors)
+        raise_all(errors + (e.details or [str(e)]))
+    raise_all(errors)
     return config
 
 
@@ -358,11 +406,29 @@ def explicit_settings(sets: list[str], options: Options) -> dict[str, Any]:
 
 
 def config_from_dict(raw: dict[str, Any], source: str) -> Config:
-    """Rebuild a Config saved in a checkpoint (keys added since then take their defaults)."""
+    """Rebuild a Config saved in a checkpoint (keys added since then take their defaults); all problems at once."""
     settings, errors = file_settings(raw, source)
-    if errors:
-        raise UsageError(errors[0])
-    return build_config(settings)
+    return _build_reporting_all(settings, errors)
+
+
+@dataclass
+class KeyInfo:
+    key: str  # section.key
+    type: str  # in words: "an integer", "one of cosine, linear"
+    default: str  # as YAML writes it
+    help: str
+
+
+def key_reference() -> list[KeyInfo]:
+    """Every configuration key with its type, default and meaning (for `charlm config --keys` and docs/config.md)."""
+    keys = []
+    for section, cls in SECTIONS.items():
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            value = f.metadata.get("default", f.default)
+            default = yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
+            keys.append(KeyInfo(f"{section}.{f.name}", _describe(hints[f.name]), default, f.metadata["help"]))
+    return keys
 
 
 def reference_markdown() -> str:
@@ -373,12 +439,12 @@ def reference_markdown() -> str:
         "Generated from `charlm/config.py` by `python scripts/gen_config_docs.py`; a test checks it is current.",
         "Set keys in a YAML file (`--config FILE`), with `--set section.key=value`, or with the first-class options",
         "(`--data`, `--device`, `--max-steps`, `--max-seconds`, `--seed`); later sources win in that order.",
-        "`charlm config --show` prints the resolved configuration.",
+        "`charlm config` prints the resolved configuration; `charlm config --keys` prints this table.",
     ]
-    for section, cls in SECTIONS.items():
-        lines += ["", f"## {section}", "", "| key | type | default | meaning |", "|---|---|---|---|"]
-        hints = typing.get_type_hints(cls)
-        for f in dataclasses.fields(cls):
-            default = yaml.safe_dump(f.default, default_flow_style=True).strip().removesuffix("...").strip()
-            lines.append(f"| `{section}.{f.name}` | {_describe(hints[f.name])} | `{default}` | {f.metadata['help']} |")
+    section = None
+    for k in key_reference():
+        if k.key.split(".")[0] != section:
+            section = k.key.split(".")[0]
+            lines += ["", f"## {section}", "", "| key | type | default | meaning |", "|---|---|---|---|"]
+        lines.append(f"| `{k.key}` | {k.type} | `{k.default}` | {k.help} |")
     return "\n".join(lines) + "\n"

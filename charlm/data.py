@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,11 +26,31 @@ def read_text(path: str | Path) -> str:
         raise UsageError(f"cannot read data file {path}: {e.strerror}") from e
     if not raw:
         raise UsageError(f"data file is empty: {path} (give a UTF-8 text file with some text in it)")
+    return decode_utf8(raw, f"data file {path}")
+
+
+def read_prompt(source: str) -> str:
+    """A prompt from a UTF-8 file, or from standard input when the source is `-`."""
+    if source == "-":
+        raw, what = sys.stdin.buffer.read(), "the prompt on standard input"
+    else:
+        path = Path(source)
+        if not path.is_file():
+            problem = "is a directory" if path.is_dir() else "not found"
+            raise UsageError(f"prompt file {problem}: {path} (give a UTF-8 text file, or - to read standard input)")
+        try:
+            raw, what = path.read_bytes(), f"prompt file {path}"
+        except OSError as e:
+            raise UsageError(f"cannot read prompt file {path}: {e.strerror}") from e
+    return decode_utf8(raw, what)
+
+
+def decode_utf8(raw: bytes, what: str) -> str:
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as e:
         raise UsageError(
-            f"data file {path} is not valid UTF-8: byte 0x{raw[e.start]:02x} at byte offset {e.start} "
+            f"{what} is not valid UTF-8: byte 0x{raw[e.start]:02x} at byte offset {e.start} "
             "(convert it, e.g. `iconv -f latin1 -t utf-8`)"
         ) from e
 

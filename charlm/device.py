@@ -7,6 +7,7 @@ import random
 
 import torch
 
+from charlm.config import DEVICE_NAMES, valid_device_name
 from charlm.errors import UsageError
 
 
@@ -26,6 +27,8 @@ def require_torch(version: str = torch.__version__) -> None:
 
 def pick_device(name: str) -> torch.device:
     """`auto` picks cuda, then mps, then cpu; an explicit device must exist here."""
+    if not valid_device_name(name):
+        raise UsageError(f"not a device charlm knows: {name!r} (use {DEVICE_NAMES})")
     if name == "auto":
         if torch.cuda.is_available():
             return torch.device("cuda")
@@ -39,10 +42,7 @@ def pick_device(name: str) -> torch.device:
             raise UsageError(f"device {name!r} asked for, but only {torch.cuda.device_count()} CUDA device(s) exist")
     if name == "mps" and not torch.backends.mps.is_available():
         raise UsageError("device 'mps' asked for, but MPS is not available here (use --device cpu or auto)")
-    try:
-        return torch.device(name)
-    except RuntimeError as e:
-        raise UsageError(f"not a device torch knows: {name!r} (use auto, cpu, cuda, cuda:N or mps)") from e
+    return torch.device(name)
 
 
 def autocast_dtype(device: torch.device, requested: str) -> torch.dtype | None:

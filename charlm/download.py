@@ -19,7 +19,6 @@ from charlm.errors import UsageError, WorkError
 
 TINY_SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 TINY_SHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
-TINY_SHAKESPEARE_BYTES = 1_115_394
 DEFAULT_DEST = Path("data/tinyshakespeare.txt")
 URL_ENV = "CHARLM_DATA_URL"
 OFFLINE_HINT = f"for offline use pass --url file:///path/to/input.txt or set {URL_ENV}"

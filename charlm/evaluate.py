@@ -1,27 +1,25 @@
-"""Scoring a model on text: deterministic full passes and the cheap fixed-window estimate used while training."""
+"""Scoring a model on token ids: deterministic full passes and the cheap fixed-window estimate used while training.
+
+Pure scoring: reading files and checkpoints is the caller's business (charlm.api, charlm.run).
+"""
 
 from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import Literal
 
 import torch
 from torch import nn
 
-from charlm.checkpoint import load_checkpoint
-from charlm.data import encode_compact, full_pass_windows, read_text, split_text, windows_at
-from charlm.device import autocast, pick_device
-from charlm.errors import UsageError
-from charlm.tokenizer import UnknownPolicy
-
-Split = Literal["train", "val", "all"]
-
+from charlm.data import full_pass_windows, windows_at
+from charlm.device import autocast
 
 @dataclass
 class EvalResult:
     loss: float  # mean cross-entropy in nats per character
     chars: int  # characters scored
+    split: str = "all"  # which part of the file: train, val or all
+    file: str = ""  # the text file scored
 
     @property
     def bpc(self) -> float:
@@ -72,20 +70,3 @@ def windows_total(
     total, count = _summed_loss(model, batches, device, amp_dtype)
     model.train(was_training)
     return total, count
-
-
-def evaluate_checkpoint(
-    checkpoint_path: str, data_path: str | None, split: Split, unknown: UnknownPolicy,
-    device_name: str, batch_size: int, replacement: str | None = None,
-) -> EvalResult:
-    ckpt = load_checkpoint(checkpoint_path)
-    device = pick_device(device_name)
-    model = ckpt.build_model(device)  # a bad checkpoint is reported before a bad text
-    text = read_text(data_path or ckpt.config.data.path)
-    if split != "all":
-        text = split_text(text, ckpt.config.data.val_fraction)[0 if split == "train" else 1]
-    tokenizer = ckpt.tokenizer
-    ids = encode_compact(tokenizer.encode(text, unknown, replacement), tokenizer.vocab_size)
-    if len(ids) < 2:
-        raise UsageError(f"the {split} split of {data_path or ckpt.config.data.path} has fewer than 2 characters to score")
-    return full_pass(model, ids, ckpt.config.model.block_size, device, batch_size)

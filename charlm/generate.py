@@ -15,9 +15,11 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
+from charlm.config import SampleConfig
 from charlm.errors import UsageError
 from charlm.model import GPT
 from charlm.sampling import sample_next
@@ -78,6 +80,13 @@ class SampleOptions:
     num_samples: int = 1
     stop: list[str] = field(default_factory=list)
     use_cache: bool = True
+
+    @classmethod
+    def from_config(cls, defaults: SampleConfig, **overrides: Any) -> SampleOptions:
+        """The checkpoint's sample section, with every override that is not None on top."""
+        values = {k: getattr(defaults, k) for k in ("max_new_tokens", "temperature", "top_k", "top_p")}
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)
 
 
 @dataclass

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from charlm.config import ModelConfig
-from charlm.layers import ffn_hidden
+from charlm.layers import ffn_hidden, part_bias
 
 
 @dataclass
@@ -40,7 +40,6 @@ def _norm(config: ModelConfig) -> tuple[int, str]:
 
 def model_info(config: ModelConfig, vocab_size: int) -> ModelInfo:
     d, L, V, T = config.n_embd, config.n_layer, vocab_size, config.block_size
-    b = 1 if config.bias else 0
     h = ffn_hidden(config)
     norm, norm_f = _norm(config)
     rows = [Row("token embedding", V * d, "V·d")]
@@ -49,20 +48,23 @@ def model_info(config: ModelConfig, vocab_size: int) -> ModelInfo:
     else:
         rows.append(Row(f"positional encoding ({config.pos_encoding})", 0, "no parameters"))
 
-    attn = 4 * d * d + b * 4 * d
-    rows.append(Row("attention Q/K/V/output", attn, "4·d² + 4·d" if b else "4·d²", per_layer=True))
+    qkv_b, proj_b, fb = (int(part_bias(config, part)) for part in ("qkv", "proj", "ffn"))
+    attn = 4 * d * d + qkv_b * 3 * d + proj_b * d
+    attn_f = "4·d²" + {4: " + 4·d", 3: " + 3·d", 1: " + d", 0: ""}[3 * qkv_b + proj_b]
+    rows.append(Row("attention Q/K/V/output", attn, attn_f, per_layer=True))
     if config.activation == "swiglu":
-        ffn, ffn_f = 3 * d * h + b * (2 * h + d), "3·d·d_ff + 2·d_ff + d" if b else "3·d·d_ff"
+        ffn, ffn_f = 3 * d * h + fb * (2 * h + d), "3·d·d_ff + 2·d_ff + d" if fb else "3·d·d_ff"
     else:
-        ffn, ffn_f = 2 * d * h + b * (h + d), "2·d·d_ff + d_ff + d" if b else "2·d·d_ff"
+        ffn, ffn_f = 2 * d * h + fb * (h + d), "2·d·d_ff + d_ff + d" if fb else "2·d·d_ff"
     rows.append(Row(f"feed-forward ({config.activation}, d_ff = {h})", ffn, ffn_f, per_layer=True))
     rows.append(Row(f"norms ({config.norm}, {config.norm_position})", 2 * norm, f"2·{norm_f}", per_layer=True))
     if config.norm_position == "pre":
         rows.append(Row("final norm", norm, norm_f))
+    hb = V if config.head_bias else 0
     if config.tie_weights:
-        rows.append(Row("output head (tied to the token embedding)", 0, "shares V·d"))
+        rows.append(Row("output head (tied to the token embedding)", hb, "shares V·d" + (", + V bias" if hb else "")))
     else:
-        rows.append(Row("output head", d * V, "d·V"))
+        rows.append(Row("output head", d * V + hb, "d·V + V" if hb else "d·V"))
 
     total = sum(r.params * (L if r.per_layer else 1) for r in rows)
     # Matmul weights only: embedding lookups cost no FLOPs, the head does (tied or not).

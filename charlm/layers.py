@@ -81,6 +81,12 @@ def attention_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int, slopes
     return bias.masked_fill(~allowed, float("-inf"))
 
 
+def part_bias(config: ModelConfig, part: str) -> bool:
+    """Whether a part's Linear layers have biases: model.<part>_bias if set, else model.bias."""
+    own = getattr(config, f"{part}_bias")
+    return config.bias if own is None else own
+
+
 # ---------------------------------------------------------------------------- norms
 
 
@@ -107,8 +113,8 @@ class MLP(nn.Module):
         hidden = ffn_hidden(config)
         self.activation = config.activation
         gates = 2 if config.activation == "swiglu" else 1
-        self.fc = nn.Linear(config.n_embd, gates * hidden, bias=config.bias)
-        self.proj = nn.Linear(hidden, config.n_embd, bias=config.bias)
+        self.fc = nn.Linear(config.n_embd, gates * hidden, bias=part_bias(config, "ffn"))
+        self.proj = nn.Linear(hidden, config.n_embd, bias=part_bias(config, "ffn"))
         self.proj.residual_projection = True  # scaled at init (GPT-2)
         self.dropout = nn.Dropout(config.dropout)
 

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from charlm.config import ModelConfig
-from charlm.layers import MLP, Rotary, SinusoidalPositions, alibi_slopes, attention_mask, make_norm
+from charlm.layers import MLP, Rotary, SinusoidalPositions, alibi_slopes, attention_mask, make_norm, part_bias
 
 RELATIVE = ("rope", "alibi")  # encodings under which attention depends on distances only
 
@@ -59,17 +59,40 @@ class KVCache:
         return self.k[layer, :, :, :filled], self.v[layer, :, :, :filled], self.pos[:filled]
 
 
+def explicit_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+                       dropout: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+    """softmax(Q Kᵀ / √d_head + M) V, one step per line. Returns the output (B, nh, T, hd) and the weights (B, nh, T, S).
+
+    mask: True where a query may attend (T, S), or an additive bias (nh, T, S) with -inf where it may not (ALiBi).
+    """
+    scale = q.size(-1) ** -0.5  # 1 / √d_head
+    scores = (q @ k.transpose(-2, -1)) * scale  # (B, nh, T, hd) @ (B, nh, hd, S) -> (B, nh, T, S)
+    if mask.dtype == torch.bool:
+        scores = scores.masked_fill(~mask, float("-inf"))  # the future (and beyond the window) gets no weight
+    else:
+        scores = scores + mask  # ALiBi: -slope x distance, -inf outside the window
+    weights = torch.softmax(scores.float(), dim=-1).to(q.dtype)  # (B, nh, T, S), each row sums to 1
+    return dropout(weights) @ v, weights  # (B, nh, T, S) @ (B, nh, S, hd) -> (B, nh, T, hd)
+
+
 class CausalSelfAttention(nn.Module):
-    """All heads in one fused QKV projection and one scaled_dot_product_attention call."""
+    """All heads in one QKV projection; attention by the fused kernel, or written out (model.attention: explicit).
+
+    Set `keep_weights` to record the attention weights of the next forward pass in `weights` (explicit path).
+    """
 
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.n_head = config.n_head
         self.window = config.block_size  # each position sees itself and block_size - 1 before it
-        self.qkv = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
-        self.proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
+        self.explicit = config.attention == "explicit"
+        self.keep_weights = False
+        self.weights: torch.Tensor | None = None  # (B, nh, T, S) of the last forward, when keep_weights
+        self.qkv = nn.Linear(config.n_embd, 3 * config.n_embd, bias=part_bias(config, "qkv"))
+        self.proj = nn.Linear(config.n_embd, config.n_embd, bias=part_bias(config, "proj"))
         self.proj.residual_projection = True  # scaled at init (GPT-2)
         self.dropout = config.dropout
+        self.attn_dropout = nn.Dropout(config.dropout)
         self.resid_dropout = nn.Dropout(config.dropout)
         self.rotary = Rotary(config.n_embd // config.n_head) if config.pos_encoding == "rope" else None
         slopes = alibi_slopes(config.n_head) if config.pos_encoding == "alibi" else None
@@ -89,6 +112,11 @@ class CausalSelfAttention(nn.Module):
 
     def _attend(self, q, k, v, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
         T, S = q.size(2), k.size(2)
+        if self.explicit or self.keep_weights:
+            mask = attention_mask(q_pos, k_pos, self.window, self.slopes, q.dtype)  # (T, S) or (nh, T, S)
+            y, weights = explicit_attention(q, k, v, mask, self.attn_dropout)
+            self.weights = weights if self.keep_weights else None
+            return y
         dropout = self.dropout if self.training else 0.0
         if self.slopes is None and T == S and T <= self.window:  # training, or a first chunk within the window
             return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True)
@@ -142,7 +170,7 @@ class GPT(nn.Module):
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
         # Post-LN blocks already end in a norm; pre-LN needs one before the head.
         self.ln_f = make_norm(config) if config.norm_position == "pre" else nn.Identity()
-        self.head = nn.Linear(config.n_embd, vocab_size, bias=False)
+        self.head = nn.Linear(config.n_embd, vocab_size, bias=config.head_bias)
         if config.tie_weights:
             self.head.weight = self.tok_emb.weight
         self.apply(self._init_weights)
@@ -194,6 +222,19 @@ class GPT(nn.Module):
             return logits, None
         loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
         return logits, loss
+
+    @torch.no_grad()
+    def attention_weights(self, idx: torch.Tensor) -> torch.Tensor:
+        """Every layer's attention weights for a (B, T) input: (n_layer, B, n_head, T, T), rows summing to 1."""
+        layers = [block.attn for block in self.blocks]
+        for attn in layers:
+            attn.keep_weights = True
+        try:
+            self(idx)
+            return torch.stack([attn.weights for attn in layers])
+        finally:
+            for attn in layers:
+                attn.keep_weights, attn.weights = False, None
 
     def new_cache(self, batch: int, device: torch.device, dtype: torch.dtype = torch.float32) -> KVCache:
         c = self.config

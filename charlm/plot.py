@@ -25,15 +25,55 @@ def read_metrics(run_dir: Path) -> list[dict]:
     return records
 
 
-def plot_runs(run_dirs: list[Path], output: Path) -> Path:
-    """Train and val loss against step and against wall time, learning rate on a second axis; one PNG."""
+def _pyplot():
     try:
         import matplotlib
 
         matplotlib.use("Agg")  # no display needed
         import matplotlib.pyplot as plt
     except ImportError:
-        raise UsageError('charlm plot needs matplotlib: pip install "charlm[plot]"') from None
+        raise UsageError('this command draws with matplotlib: pip install -e ".[plot]" in your charlm checkout '
+                         "(or pip install matplotlib)") from None
+    return plt
+
+
+def shown_char(c: str) -> str:
+    """A character as an axis label: whitespace made visible."""
+    return {"\n": "⏎", " ": "·", "\t": "⇥"}.get(c, c)
+
+
+def plot_attention(weights, chars: list[str], layers: list[int], heads: list[int], output: Path, title: str) -> Path:
+    """A grid of heatmaps, one per (layer, head): query characters down, key characters across."""
+    plt = _pyplot()
+    T = len(chars)
+    cell = max(2.2, min(7.0, 0.12 * T + 1.2))  # inches per heatmap: room for T labels
+    fig, axes = plt.subplots(len(layers), len(heads), figsize=(cell * len(heads), cell * len(layers)),
+                             squeeze=False, constrained_layout=True)
+    labels = [shown_char(c) for c in chars]
+    font = max(4, min(9, 260 // max(T, 1)))
+    for r, layer in enumerate(layers):
+        for c, head in enumerate(heads):
+            ax = axes[r][c]
+            image = ax.imshow(weights[layer, head].numpy(), cmap="viridis", vmin=0.0, vmax=1.0)
+            ax.set_title(f"layer {layer}, head {head}", fontsize=9)
+            ax.set_xticks(range(T), labels, fontsize=font, family="monospace")
+            ax.set_yticks(range(T), labels, fontsize=font, family="monospace")
+            ax.tick_params(length=0)
+            if c == 0:
+                ax.set_ylabel("query (attends from)", fontsize=8)
+            if r == len(layers) - 1:
+                ax.set_xlabel("key (attends to)", fontsize=8)
+    fig.colorbar(image, ax=axes, shrink=0.6, label="attention weight")
+    fig.suptitle(title, fontsize=10)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(output, lambda f: fig.savefig(f, format="png", dpi=110))
+    plt.close(fig)
+    return output
+
+
+def plot_runs(run_dirs: list[Path], output: Path) -> Path:
+    """Train and val loss against step and against wall time, learning rate on a second axis; one PNG."""
+    plt = _pyplot()
     runs = [(d, read_metrics(d)) for d in run_dirs]
     fig, axes = plt.subplots(1, 2, figsize=(13, 4.8), constrained_layout=True)
     for ax, x_key, x_label in ((axes[0], "step", "step"), (axes[1], "elapsed_s", "wall time (s)")):

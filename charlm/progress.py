@@ -5,8 +5,11 @@ Everything here goes to stderr, so stdout stays free for results (and for exactl
 
 from __future__ import annotations
 
+import math
 import os
 import sys
+import time
+from typing import Any
 
 from rich.console import Console
 from tqdm import tqdm
@@ -27,12 +30,32 @@ def stdout_console() -> Console:
 
 
 def fancy_output() -> bool:
-    """Progress bars only for a person at a terminal: stderr is a TTY and NO_COLOR is not set."""
-    return sys.stderr.isatty() and "NO_COLOR" not in os.environ
+    """Progress bars only for a person: at a terminal (stderr is a TTY) or in a notebook, and NO_COLOR not set."""
+    return (sys.stderr.isatty() or in_notebook()) and "NO_COLOR" not in os.environ
+
+
+def in_notebook() -> bool:
+    """Running inside a Jupyter kernel: bars become notebook widgets (tqdm.auto)."""
+    return "ipykernel" in sys.modules
+
+
+def progress_bar(**options: Any) -> tqdm:
+    if in_notebook():
+        from tqdm.auto import tqdm as notebook_tqdm
+
+        return notebook_tqdm(**options)
+    return tqdm(file=sys.stderr, dynamic_ncols=True, **options)
 
 
 class TrainReporter:
-    """Progress bar with step, loss, lr and tokens/s; one row per evaluation; warnings."""
+    """Progress bar with step, loss, lr and tokens/s; one row per evaluation; warnings.
+
+    The bar follows the limit that ends the run: elapsed seconds against train.max_seconds (with an ETA) when a time
+    budget is set, else steps against train.max_steps. It redraws a few times a second at most; the loop may call
+    step() every step.
+    """
+
+    REDRAW_S = 0.25
 
     def __init__(self, quiet: bool = False, silent: bool = False):
         self.quiet = quiet or silent
@@ -40,19 +63,38 @@ class TrainReporter:
         self.console = stderr_console()
         self.bar: tqdm | None = None
         self.header_shown = False
+        self.max_seconds = 0.0
+        self.started = self.last_draw = 0.0
 
-    def start(self, first_step: int, total_steps: int | None) -> None:
-        if not self.quiet and fancy_output():
-            self.bar = tqdm(
-                total=total_steps, initial=first_step, unit="step", file=sys.stderr, dynamic_ncols=True, leave=False
-            )
+    def start(self, first_step: int, max_steps: int | None, max_seconds: float = 0.0) -> None:
+        self.started = time.perf_counter()
+        self.last_draw = -math.inf
+        if self.quiet or not fancy_output():
+            return
+        self.max_seconds = max_seconds
+        if max_seconds:
+            self.bar = progress_bar(total=max_seconds, unit="s", leave=False,
+                                    bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f} s [{elapsed}<{remaining}{postfix}]")
+        else:
+            self.bar = progress_bar(total=max_steps, initial=first_step, unit="step", leave=False)
 
-    def step(self, step: int, loss: float | None, lr: float, tokens_per_s: float) -> None:
+    def step(self, step: int, loss: Any, lr: float, tokens_per_s: float) -> None:
+        """loss may be a tensor: it is read (a device sync on GPUs) only when the bar redraws."""
         if self.bar is None:
             return
-        self.bar.update(step - self.bar.n)
-        if loss is not None:
-            self.bar.set_postfix_str(f"loss {loss:.4f} lr {lr:.2e} {tokens_per_s / 1000:.1f}k tok/s", refresh=False)
+        now = time.perf_counter()
+        if now - self.last_draw < self.REDRAW_S:
+            return
+        self.last_draw = now
+        if self.max_seconds:
+            self.bar.n = min(now - self.started, self.max_seconds)
+            postfix = f"step {step:,} "
+        else:
+            self.bar.n = step
+            postfix = ""
+        postfix += f"loss {float(loss):.4f} lr {lr:.2e} {tokens_per_s / 1000:.1f}k tok/s"
+        self.bar.set_postfix_str(postfix, refresh=False)
+        self.bar.refresh()
 
     def evaluation(self, step: int, train_loss: float, val_loss: float, lr: float, tokens_per_s: float,
                    elapsed_s: float, improved: bool) -> None:

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+from rich.markup import escape
 from rich.table import Table
 
-from charlm.evaluate import EvalResult
-from charlm.info import ModelInfo
 from charlm.progress import stdout_console
-from charlm.train import TrainSummary
+
+if TYPE_CHECKING:  # only for annotations: `charlm config --keys` must not import torch
+    from charlm.config import KeyInfo
+    from charlm.evaluate import EvalResult
+    from charlm.info import ModelInfo
+    from charlm.run import TrainSummary
 
 
 def print_train_summary(summary: TrainSummary) -> None:
@@ -25,9 +31,10 @@ def print_train_summary(summary: TrainSummary) -> None:
     out.print(f"checkpoints in {s.out_dir}: best.pt, last.pt; metrics in {s.out_dir}/metrics.jsonl")
 
 
-def print_eval_result(result: EvalResult, split: str) -> None:
+def print_eval_result(result: EvalResult) -> None:
+    scored = f"all of {result.file}" if result.split == "all" else f"{result.split} split of {result.file}"
     stdout_console().print(
-        f"{split}: loss {result.loss:.4f} nats/char, {result.bpc:.4f} bits/char, "
+        f"{scored}: loss {result.loss:.4f} nats/char, {result.bpc:.4f} bits/char, "
         f"perplexity {result.perplexity:.3f}, {result.chars:,} characters scored"
     )
 
@@ -48,3 +55,12 @@ def print_model_info(info: ModelInfo, title: str) -> None:
     table.add_row("[bold]total[/bold]", f"[bold]{info.total_params:,}[/bold]", "sum of the rows (= sum of p.numel())")
     table.add_row("training FLOPs per token", f"{info.flops_per_token:,}", info.flops_formula)
     stdout_console().print(table)
+
+
+def print_config_keys(keys: list[KeyInfo]) -> None:
+    """One key per entry: `key = default  (type)`, then its meaning; readable at any terminal width and in a pipe."""
+    out = stdout_console()
+    for k in keys:
+        out.print(f"[bold]{k.key}[/bold] = {escape(k.default)}  [dim]({escape(k.type)})[/dim]")
+        out.print(f"    {escape(k.help)}")
+    out.print("Set a key with --set section.key=value or in a YAML file (--config); docs/config.md has the same list.")

@@ -1,4 +1,4 @@
-"""Shared test helpers: the real corpus from ../shared, the CLI as a real subprocess, a loopback HTTP server."""
+"""Shared test helpers: the shipped corpus excerpt, the CLI as a real subprocess, a loopback HTTP server."""
 
 from __future__ import annotations
 
@@ -13,8 +13,13 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-CORPUS = REPO.parent / "shared" / "data" / "tinyshakespeare.txt"
-CORPUS_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
+# Shipped with the tests (tests/data/README.md): every test can run in a bare clone with no network.
+EXCERPT = REPO / "tests" / "data" / "tinyshakespeare-excerpt.txt"
+EXCERPT_SHA256 = "f5ada1ed6c6cb67cbf283903727d5a33afdcee42c8a38202db8b06f55cc8b2f6"
+EXCERPT_BYTES = 120_117
+# The full corpus, for the few tests about it: $CHARLM_TEST_CORPUS, else what `charlm download` wrote.
+FULL_CORPUS_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
+FULL_CORPUS_BYTES = 1_115_394
 # A model small enough that a CLI training run takes a few seconds.
 SMALL = ["--config", "tiny", "--set", "model.n_layer=1", "--set", "model.n_embd=32", "--set", "model.block_size=16",
          "--set", "train.eval_interval=10", "--set", "train.eval_windows=16"]
@@ -22,18 +27,29 @@ SMALL = ["--config", "tiny", "--set", "model.n_layer=1", "--set", "model.n_embd=
 
 @pytest.fixture(scope="session")
 def corpus() -> Path:
-    assert CORPUS.is_file(), f"tests need tiny-shakespeare at {CORPUS} (the shared folder beside the repository)"
-    return CORPUS
+    """The tiny-shakespeare excerpt shipped in tests/data (61 distinct characters)."""
+    assert sha256(EXCERPT) == EXCERPT_SHA256, f"{EXCERPT} was modified"
+    return EXCERPT
+
+
+@pytest.fixture(scope="session")
+def full_corpus() -> Path:
+    """The whole of tiny-shakespeare, or a skip that says where the test looked."""
+    candidates = [Path(p) for p in [os.environ.get("CHARLM_TEST_CORPUS")] if p] + [REPO / "data" / "tinyshakespeare.txt"]
+    for path in candidates:
+        if path.is_file() and path.stat().st_size == FULL_CORPUS_BYTES and sha256(path) == FULL_CORPUS_SHA256:
+            return path
+    pytest.skip("needs the full tiny-shakespeare: set CHARLM_TEST_CORPUS=/path/to/input.txt or run `charlm download`")
 
 
 def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None, timeout: float = 300,
-            check: bool = False) -> subprocess.CompletedProcess:
-    """`python -m charlm ARGS` in a real subprocess, with no TTY (as in CI)."""
+            check: bool = False, input: str | None = None) -> subprocess.CompletedProcess:
+    """`python -m charlm ARGS` in a real subprocess, with no TTY (as in CI); stdin is `input`, else empty."""
     inherited = {k: v for k, v in os.environ.items() if k not in ("CHARLM_DATA_URL", "NO_COLOR")}
     full_env = {**inherited, "PYTHONPATH": str(REPO), **(env or {})}
     result = subprocess.run(
         [sys.executable, "-m", "charlm", *map(str, args)], cwd=cwd, env=full_env, capture_output=True, text=True,
-        timeout=timeout, stdin=subprocess.DEVNULL,
+        timeout=timeout, **({"input": input} if input is not None else {"stdin": subprocess.DEVNULL}),
     )
     if check and result.returncode != 0:
         raise AssertionError(f"charlm {' '.join(map(str, args))} exited {result.returncode}:\n{result.stderr}")
@@ -101,6 +117,7 @@ class CorpusServer:
 
 @pytest.fixture
 def server(corpus: Path):
+    """Serves the shipped excerpt: pass --sha256 EXCERPT_SHA256 where a download is verified."""
     s = CorpusServer(corpus.read_bytes())
     s.thread.start()
     yield s

@@ -18,7 +18,7 @@ from charlm.config import load_config
 from charlm.data import BatchSampler, Corpus
 from charlm.device import seed_everything
 from charlm.model import GPT
-from charlm.train import make_optimizer, seed_for_rank
+from charlm.trainer import make_optimizer, seed_for_rank
 from conftest import REPO, run_cli
 
 pytestmark = pytest.mark.slow
@@ -85,7 +85,7 @@ def test_two_ranks_of_batch_b_equal_one_process_of_batch_2b_after_one_step(tmp_p
                             seed=seed_for_rank(config.train.seed, rank)).next_batch() for rank in (0, 1)]
     x, y = torch.cat([w[0] for w in windows]), torch.cat([w[1] for w in windows])
     tc = config.train
-    optimizer = make_optimizer(model, tc.lr, tc.weight_decay, (tc.beta1, tc.beta2), torch.device("cpu"))
+    optimizer = make_optimizer(model, tc, torch.device("cpu"))
     initial = {k: v.clone() for k, v in model.state_dict().items()}
     _, loss = model(x, y)
     loss.backward()

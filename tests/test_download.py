@@ -3,46 +3,63 @@
 import socket
 import time
 
-from conftest import CORPUS_SHA256, assert_one_line_error, run_cli, sha256
+from conftest import EXCERPT_SHA256, FULL_CORPUS_BYTES, FULL_CORPUS_SHA256, assert_one_line_error, run_cli, sha256
+
+VERIFY = ("--sha256", EXCERPT_SHA256)  # the shipped excerpt is not the default corpus: name its hash
 
 
 def _no_temp_files(folder):
     return [p.name for p in folder.iterdir() if p.name.startswith(".")] == []
 
 
-def test_file_url_writes_the_verified_file_then_keeps_it(corpus, tmp_path):
-    first = run_cli("download", "--url", corpus.as_uri(), cwd=tmp_path)
+def test_file_url_writes_the_verified_default_corpus_then_keeps_it(full_corpus, tmp_path):
+    first = run_cli("download", "--url", full_corpus.as_uri(), cwd=tmp_path)
     assert first.returncode == 0, first.stderr
     dest = tmp_path / "data" / "tinyshakespeare.txt"
-    assert sha256(dest) == CORPUS_SHA256 and dest.stat().st_size == 1_115_394
-    again = run_cli("download", "--url", corpus.as_uri(), cwd=tmp_path)
+    assert sha256(dest) == FULL_CORPUS_SHA256 and dest.stat().st_size == FULL_CORPUS_BYTES
+    again = run_cli("download", "--url", full_corpus.as_uri(), cwd=tmp_path)
     assert again.returncode == 0 and "already there" in again.stderr
 
 
+def test_file_url_with_sha256_writes_the_file_then_keeps_it(corpus, tmp_path):
+    first = run_cli("download", "--url", corpus.as_uri(), *VERIFY, cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    dest = tmp_path / "data" / "tinyshakespeare.txt"
+    assert dest.read_bytes() == corpus.read_bytes()
+    again = run_cli("download", "--url", corpus.as_uri(), *VERIFY, cwd=tmp_path)
+    assert again.returncode == 0 and "already there, verified" in again.stderr
+
+
+def test_the_default_hash_refuses_another_text(corpus, tmp_path):
+    result = run_cli("download", "--url", corpus.as_uri(), cwd=tmp_path)
+    assert_one_line_error(result, 1, "SHA-256", FULL_CORPUS_SHA256, "--sha256")
+    assert not (tmp_path / "data" / "tinyshakespeare.txt").exists()
+
+
 def test_http_download_and_the_env_mirror(server, tmp_path):
-    result = run_cli("download", cwd=tmp_path, env={"CHARLM_DATA_URL": server.url("good")})
+    result = run_cli("download", *VERIFY, cwd=tmp_path, env={"CHARLM_DATA_URL": server.url("good")})
     assert result.returncode == 0, result.stderr
-    assert sha256(tmp_path / "data" / "tinyshakespeare.txt") == CORPUS_SHA256
+    assert sha256(tmp_path / "data" / "tinyshakespeare.txt") == EXCERPT_SHA256
     assert server.requests == {"/good": 1}
 
 
 def test_url_option_wins_over_the_env_mirror(server, tmp_path):
     dest = tmp_path / "x.txt"
-    result = run_cli("download", "--url", server.url("good"), "--dest", dest,
+    result = run_cli("download", "--url", server.url("good"), "--dest", dest, *VERIFY,
                      env={"CHARLM_DATA_URL": server.url("wrong")})
-    assert result.returncode == 0 and sha256(dest) == CORPUS_SHA256
+    assert result.returncode == 0 and sha256(dest) == EXCERPT_SHA256
 
 
 def test_retry_after_a_transient_failure(server, tmp_path):
     dest = tmp_path / "t.txt"
-    result = run_cli("download", "--url", server.url("flaky"), "--dest", dest, "--retries", "2")
+    result = run_cli("download", "--url", server.url("flaky"), "--dest", dest, "--retries", "2", *VERIFY)
     assert result.returncode == 0, result.stderr
-    assert server.requests["/flaky"] == 2 and sha256(dest) == CORPUS_SHA256
+    assert server.requests["/flaky"] == 2 and sha256(dest) == EXCERPT_SHA256
 
 
 def test_truncated_body_leaves_no_file(server, tmp_path):
     dest = tmp_path / "t.txt"
-    result = run_cli("download", "--url", server.url("truncated"), "--dest", dest, "--retries", "1")
+    result = run_cli("download", "--url", server.url("truncated"), "--dest", dest, "--retries", "1", *VERIFY)
     assert_one_line_error(result, 1, server.url("truncated"), "truncated", "--url file://")
     assert not dest.exists() and _no_temp_files(tmp_path)
     assert server.requests["/truncated"] == 2  # truncation is transient: retried once
@@ -50,17 +67,17 @@ def test_truncated_body_leaves_no_file(server, tmp_path):
 
 def test_truncated_mirror_over_file_url_leaves_no_file(corpus, tmp_path):
     half = tmp_path / "half.txt"
-    half.write_bytes(corpus.read_bytes()[:500_000])
+    half.write_bytes(corpus.read_bytes()[:50_000])
     dest = tmp_path / "out" / "t.txt"
-    result = run_cli("download", "--url", half.as_uri(), "--dest", dest)
+    result = run_cli("download", "--url", half.as_uri(), "--dest", dest, *VERIFY)
     assert_one_line_error(result, 1, "SHA-256")
     assert not dest.exists() and _no_temp_files(dest.parent)
 
 
 def test_wrong_hash_leaves_no_file_and_is_not_retried(server, tmp_path):
     dest = tmp_path / "t.txt"
-    result = run_cli("download", "--url", server.url("wrong"), "--dest", dest)
-    assert_one_line_error(result, 1, "SHA-256", CORPUS_SHA256)
+    result = run_cli("download", "--url", server.url("wrong"), "--dest", dest, *VERIFY)
+    assert_one_line_error(result, 1, "SHA-256", EXCERPT_SHA256)
     assert not dest.exists() and _no_temp_files(tmp_path)
     assert server.requests["/wrong"] == 1
 
@@ -94,18 +111,18 @@ def test_stale_temp_file_from_a_crash_is_cleaned(corpus, tmp_path):
     dest = tmp_path / "t.txt"
     stale = tmp_path / ".t.txt.abc123.tmp"
     stale.write_bytes(b"half a download")
-    result = run_cli("download", "--url", corpus.as_uri(), "--dest", dest)
-    assert result.returncode == 0 and not stale.exists() and sha256(dest) == CORPUS_SHA256
+    result = run_cli("download", "--url", corpus.as_uri(), "--dest", dest, *VERIFY)
+    assert result.returncode == 0 and not stale.exists() and sha256(dest) == EXCERPT_SHA256
 
 
 def test_a_different_existing_file_is_kept_without_force(corpus, tmp_path):
     dest = tmp_path / "t.txt"
     dest.write_text("my own notes")
-    result = run_cli("download", "--url", corpus.as_uri(), "--dest", dest)
+    result = run_cli("download", "--url", corpus.as_uri(), "--dest", dest, *VERIFY)
     assert_one_line_error(result, 2, "--force")
     assert dest.read_text() == "my own notes"
-    forced = run_cli("download", "--url", corpus.as_uri(), "--dest", dest, "--force")
-    assert forced.returncode == 0 and sha256(dest) == CORPUS_SHA256
+    forced = run_cli("download", "--url", corpus.as_uri(), "--dest", dest, "--force", *VERIFY)
+    assert forced.returncode == 0 and sha256(dest) == EXCERPT_SHA256
 
 
 def test_bad_urls_are_usage_errors(tmp_path):

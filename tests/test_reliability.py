@@ -21,7 +21,7 @@ from charlm.config import load_config
 from charlm.device import require_torch
 from charlm.errors import UsageError, WorkError
 from charlm.files import atomic_write
-from charlm.train import run_training
+from charlm.run import run_training
 from conftest import REPO, SMALL, assert_one_line_error, run_cli
 
 

@@ -11,7 +11,7 @@ from charlm.checkpoint import load_checkpoint, save_checkpoint
 from charlm.config import Config, ModelConfig
 from charlm.model import GPT
 from charlm.tokenizer import CharTokenizer
-from conftest import SMALL, assert_one_line_error, run_cli
+from conftest import FULL_CORPUS_BYTES, SMALL, assert_one_line_error, run_cli
 
 
 def _metrics(run_dir):
@@ -39,10 +39,12 @@ def test_eval_json_reports_loss_bpc_perplexity_chars(tmp_path, corpus):
     _train(tmp_path / "r", corpus)
     result = run_cli("eval", tmp_path / "r" / "best.pt", "--data", corpus, "--json", check=True)
     figures = json.loads(result.stdout)
-    assert set(figures) == {"loss", "bpc", "perplexity", "chars"}
+    assert set(figures) == {"loss", "bpc", "perplexity", "chars", "split", "file"}
+    assert figures["split"] == "val" and figures["file"] == str(corpus)
     assert math.isclose(figures["bpc"], figures["loss"] / math.log(2))
     assert math.isclose(figures["perplexity"], math.exp(figures["loss"]))
-    assert figures["chars"] == 1_115_394 - int(1_115_394 * 0.9) - 1
+    n = len(corpus.read_text(encoding="utf-8"))
+    assert figures["chars"] == n - int(n * 0.9) - 1
 
 
 def test_eval_needs_only_the_checkpoint_and_the_text(tmp_path, corpus):
@@ -53,7 +55,7 @@ def test_eval_needs_only_the_checkpoint_and_the_text(tmp_path, corpus):
     shutil.copy(corpus, elsewhere / "text.txt")
     shutil.rmtree(tmp_path / "r")
     result = run_cli("eval", "model.pt", "--data", "text.txt", "--split", "all", "--json", cwd=elsewhere, check=True)
-    assert json.loads(result.stdout)["chars"] == 1_115_394 - 1
+    assert json.loads(result.stdout)["chars"] == len(corpus.read_text(encoding="utf-8")) - 1
 
 
 def test_eval_refuses_unknown_characters_unless_asked(tmp_path, corpus):
@@ -120,12 +122,12 @@ def test_missing_data_file_is_a_clear_error(tmp_path):
     assert_one_line_error(result, 2, "nope.txt", "charlm download")
 
 
-def test_train_fetches_the_default_corpus_when_missing(tmp_path, corpus):
+def test_train_fetches_the_default_corpus_when_missing(tmp_path, full_corpus):
     result = run_cli("train", *SMALL, "--max-steps", "10", "--json", cwd=tmp_path,
-                     env={"CHARLM_DATA_URL": corpus.as_uri()})
+                     env={"CHARLM_DATA_URL": full_corpus.as_uri()})
     assert result.returncode == 0, result.stderr
     assert "downloading tiny-shakespeare" in result.stderr
-    assert (tmp_path / "data" / "tinyshakespeare.txt").stat().st_size == 1_115_394
+    assert (tmp_path / "data" / "tinyshakespeare.txt").stat().st_size == FULL_CORPUS_BYTES
     assert (tmp_path / "runs" / "tiny" / "best.pt").is_file()  # default out-dir: runs/<config name>
 
 

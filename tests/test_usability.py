@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import pty
+import re
+import struct
+import termios
 import subprocess
 import sys
 
@@ -14,8 +18,9 @@ from conftest import REPO, SMALL, assert_one_line_error, run_cli
 
 
 def run_in_tty(*args: str, env: dict | None = None, timeout: float = 120) -> str:
-    """Run the CLI with stdout and stderr on a pseudo-terminal, as a person would see it."""
+    """Run the CLI with stdout and stderr on a pseudo-terminal of 100 x 40, as a person would see it."""
     leader, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 100, 0, 0))
     inherited = {k: v for k, v in os.environ.items() if k != "NO_COLOR"}
     full_env = {**inherited, "PYTHONPATH": str(REPO), "COLUMNS": "100", **(env or {})}
     proc = subprocess.Popen([sys.executable, "-m", "charlm", *map(str, args)], stdout=follower, stderr=follower,
@@ -52,6 +57,19 @@ def test_a_terminal_gets_colour_and_no_color_turns_it_off(tmp_path, corpus):
     assert "\x1b[" not in evaluated and "nats/char" in evaluated
 
 
+def test_a_time_budgeted_run_shows_seconds_and_the_time_left_on_a_terminal(tmp_path, corpus):
+    screen = run_in_tty("train", *SMALL, "--data", corpus, "--out-dir", tmp_path / "r", "--max-steps", "0",
+                        "--max-seconds", "3")
+    bars = [part for part in re.split(r"[\r\n]", screen) if "/3 s [" in part]
+    assert bars, screen
+    assert re.search(r"\d+%\|.*\| \d/3 s \[00:0\d<00:0\d, step [\d,]+ loss \d\.\d{4}", bars[-1]), bars[-1]
+
+
+def test_a_step_limited_run_counts_steps(tmp_path, corpus):
+    screen = run_in_tty("train", *SMALL, "--data", corpus, "--out-dir", tmp_path / "r", "--max-steps", "300")
+    assert re.search(r"\d+/300 \[", screen), screen
+
+
 def test_quiet_prints_only_the_summary(tmp_path, corpus):
     result = run_cli("train", *SMALL, "--data", corpus, "--out-dir", tmp_path / "r", "--max-steps", "20", "--quiet",
                      check=True)
@@ -80,7 +98,17 @@ def test_config_show_prints_the_resolved_yaml(tmp_path):
     shown = yaml.safe_load(result.stdout)
     assert shown["train"]["lr"] == 0.01 and shown["model"]["n_layer"] == 2
     assert set(shown) == {"data", "model", "train", "sample"}
-    assert_one_line_error(run_cli("config"), 2, "--show")
+    plain = yaml.safe_load(run_cli("config", check=True).stdout)  # no option needed: cpu, the default config
+    assert plain == yaml.safe_load(run_cli("config", "--show", "--config", "cpu", check=True).stdout)
+
+
+def test_config_keys_lists_every_key_with_type_default_and_meaning():
+    from charlm.config import key_reference
+
+    out = run_cli("config", "--keys", check=True).stdout
+    for k in key_reference():
+        assert f"{k.key} = {k.default}  ({k.type})" in out and k.help in out
+    assert "train.lr = 0.001  (a number)" in out
 
 
 def test_tensorboard_without_the_package_says_how_to_install_it(tmp_path, corpus):
@@ -89,7 +117,7 @@ def test_tensorboard_without_the_package_says_how_to_install_it(tmp_path, corpus
     except ImportError:
         result = run_cli("train", *SMALL, "--data", corpus, "--out-dir", tmp_path / "r",
                          "--set", "train.tensorboard=true")
-        assert_one_line_error(result, 2, "charlm[tensorboard]")
+        assert_one_line_error(result, 2, "pip install -e \".[tensorboard]\"")
         assert not (tmp_path / "r").exists()
     else:
         run_cli("train", *SMALL, "--data", corpus, "--out-dir", tmp_path / "r", "--max-steps", "20",

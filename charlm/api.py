@@ -1,0 +1,167 @@
+"""charlm from Python: train a model, load one, generate text, score text, count parameters.
+
+The commands use these same functions, so a notebook and the command line give the same figures and the same
+`CharlmError` messages. Nothing here installs signal handlers or exits the process.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from charlm import config as cfg
+from charlm.checkpoint import Checkpoint, load_checkpoint
+from charlm.config import Config
+from charlm.data import encode_compact, read_text, split_text
+from charlm.device import pick_device
+from charlm.errors import UsageError
+from charlm.evaluate import EvalResult, full_pass
+from charlm.generate import SampleOptions, SampleResult, encode_prompt, sample
+from charlm.info import ModelInfo, model_info
+from charlm.model import GPT
+from charlm.tokenizer import CharTokenizer, UnknownPolicy
+
+
+class Model:
+    """A trained model ready to use: `generate`, `evaluate`, `info`; `module` is the plain torch.nn.Module."""
+
+    def __init__(self, module: GPT, tokenizer: CharTokenizer, config: Config, path: Path):
+        self.module, self.tokenizer, self.config, self.path = module, tokenizer, config, path
+
+    @classmethod
+    def from_checkpoint(cls, ckpt: Checkpoint, device: str = "auto") -> Model:
+        return cls(ckpt.build_model(pick_device(device)).eval(), ckpt.tokenizer, ckpt.config, ckpt.path)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.module.parameters()).device
+
+    def __repr__(self) -> str:
+        m = self.config.model
+        return (f"charlm.Model({str(self.path)!r}: {m.n_layer} layers x {m.n_embd} wide, context {m.block_size}, "
+                f"{self.tokenizer.vocab_size} characters)")
+
+    # -- generation --------------------------------------------------------------------------
+
+    def encode_prompt(self, prompt: str, unknown: UnknownPolicy = "error", replace_with: str | None = None) -> list[int]:
+        """The prompt's ids; characters outside the vocabulary are an error unless `unknown` says skip or replace."""
+        return encode_prompt(self.tokenizer, prompt, unknown, replace_with)
+
+    def sample(self, prompt_ids: list[int], options: SampleOptions,
+               on_text: Callable[[str], None] | None = None) -> SampleResult:
+        """Every sample of one batch, with timing (what `charlm sample` prints); on_text streams sample 0."""
+        return sample(self.module, self.tokenizer, prompt_ids, options, on_text=on_text)
+
+    def generate(self, prompt: str = "\n", max_new_tokens: int | None = None, temperature: float | None = None,
+                 top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
+                 stop: list[str] | None = None, unknown: UnknownPolicy = "error") -> str:
+        """The prompt and its continuation. Options left as None take the checkpoint's `sample` settings."""
+        options = check_sample_options(self.config, max_new_tokens=max_new_tokens, temperature=temperature,
+                                       top_k=top_k, top_p=top_p, seed=seed, stop=stop)
+        return self.sample(self.encode_prompt(prompt, unknown), options).samples[0]
+
+    # -- scoring -----------------------------------------------------------------------------
+
+    def evaluate(self, text_or_path: str | Path | None = None, split: str | None = None,
+                 unknown: UnknownPolicy = "error", replace_with: str | None = None,
+                 batch_size: int = 64) -> EvalResult:
+        """Loss (nats/char), bits/char and perplexity in one deterministic pass.
+
+        A Path, or a one-line string naming an existing file, is read as a file; any other string is the text itself;
+        None is the model's own corpus. `split` (train, val, all) defaults to val of the model's own corpus and to all
+        of anything else.
+        """
+        own = self.config.data.path
+        if text_or_path is None or _names_a_file(text_or_path):
+            path = str(text_or_path if text_or_path is not None else own)
+            text, source = read_text(path), path
+            split = split or ("val" if _same_file(path, own) else "all")
+        else:
+            text, source, split = str(text_or_path), "<text>", split or "all"
+        if split not in ("train", "val", "all"):
+            raise UsageError(f"split must be train, val or all, got {split!r}")
+        if split != "all":
+            text = split_text(text, self.config.data.val_fraction)[0 if split == "train" else 1]
+        ids = encode_compact(self.tokenizer.encode(text, unknown, replace_with), self.tokenizer.vocab_size)
+        if len(ids) < 2:
+            raise UsageError(f"the {split} split of {source} has fewer than 2 characters to score")
+        result = full_pass(self.module, ids, self.config.model.block_size, self.device, batch_size)
+        result.split, result.file = split, source
+        return result
+
+    def attention(self, prompt: str, unknown: UnknownPolicy = "error") -> torch.Tensor:
+        """Attention weights for a prompt of at most the context length: (n_layer, n_head, T, T), rows summing to 1."""
+        ids = self.encode_prompt(prompt, unknown)
+        if len(ids) > self.config.model.block_size:
+            raise UsageError(f"the prompt has {len(ids)} characters but the model's context is "
+                             f"{self.config.model.block_size}: shorten it")
+        x = torch.tensor([ids], device=self.device)
+        return self.module.attention_weights(x)[:, 0].float().cpu()  # (L, nh, T, T)
+
+    def info(self) -> ModelInfo:
+        """Parameters per component and training FLOPs per token (`.to_dict()` for plain data)."""
+        return model_info(self.config.model, self.tokenizer.vocab_size)
+
+
+def load(path: str | Path, device: str = "auto") -> Model:
+    """A checkpoint file (or a run folder: its best.pt) as a Model on `device` (auto: cuda, then mps, then cpu)."""
+    return Model.from_checkpoint(load_checkpoint(path), device)
+
+
+def export(checkpoint: str | Path, out_dir: str | Path) -> list[Path]:
+    """Write model.safetensors, config.json, vocab.json and a README.md model card to out_dir (see charlm.export)."""
+    from charlm.export import model_card, write_export
+
+    ckpt = load_checkpoint(checkpoint)
+    model = Model.from_checkpoint(ckpt, "cpu")
+    try:
+        scores = model.evaluate().to_dict()
+    except UsageError:  # the training corpus is not here: the card says so
+        scores = None
+    sample_text = model.generate("\n", max_new_tokens=300, seed=1).strip("\n")
+    params = sum(p.numel() for p in model.module.parameters())
+    return write_export(ckpt, Path(out_dir), model_card(ckpt, params, scores, sample_text, Path(out_dir)))
+
+
+def check_sample_options(config: Config, **given: Any) -> SampleOptions:
+    """The checkpoint's sample settings with the given ones on top, each checked (the CLI's flags and generate())."""
+    if given.get("top_p") is not None and not 0.0 < given["top_p"] <= 1.0:
+        raise UsageError(f"--top-p must be in (0, 1], got {given['top_p']} (1 keeps every character)")
+    for name, low in (("temperature", 0.0), ("max_new_tokens", 0), ("top_k", 1)):
+        if given.get(name) is not None and given[name] < low:
+            raise UsageError(f"--{name.replace('_', '-')} must be >= {low}, got {given[name]}")
+    if any(s == "" for s in given.get("stop") or []):
+        raise UsageError("--stop needs a non-empty string")
+    return SampleOptions.from_config(config.sample, **given)
+
+
+def _names_a_file(value: str | Path) -> bool:
+    return isinstance(value, Path) or ("\n" not in value and len(value) < 4096 and Path(value).is_file())
+
+
+def _same_file(a: str | Path, b: str | Path) -> bool:
+    try:
+        return Path(a).resolve() == Path(b).resolve()
+    except OSError:
+        return False
+
+
+def train(config: str | Path = cfg.DEFAULT_CONFIG, overrides: dict[str, Any] | None = None,
+          data: str | Path | None = None, out_dir: str | Path | None = None, *, resume: bool = False,
+          overwrite: bool = False, quiet: bool = False) -> dict[str, Any]:
+    """Train like `charlm train` and return its summary (the fields of `train --json`).
+
+    `overrides` maps dotted keys to values ({"train.max_steps": 200}). Ctrl-C (KeyboardInterrupt) stops the run
+    after saving last.pt and propagates; no signal handler is installed and the process is never exited.
+    """
+    from charlm.run import requested_config, run_training
+
+    options = {key: (key, value) for key, value in (overrides or {}).items()}  # typed values, no YAML round trip
+    options["data.path"] = ("data", None if data is None else str(data))
+    settings, changes = requested_config(str(config), [], options, resume)
+    run_dir = Path(out_dir) if out_dir is not None else Path("runs") / Path(str(config)).stem
+    summary = run_training(settings, run_dir, resume=resume, overwrite=overwrite, resume_changes=changes, quiet=quiet)
+    return summary.to_dict() if summary is not None else {}

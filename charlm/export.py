@@ -1,0 +1,122 @@
+"""Exports: a folder anyone can load without unpickling — weights in safetensors, config and vocabulary in JSON, and a
+README.md model card. `charlm sample/eval/info DIR` and `charlm.load(DIR)` read it; logits equal the checkpoint's.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from charlm import __version__
+from charlm.checkpoint import Checkpoint
+from charlm.config import config_from_dict
+from charlm.errors import UsageError
+from charlm.files import atomic_write
+from charlm.tokenizer import CharTokenizer
+
+WEIGHTS, CONFIG, VOCAB, CARD = "model.safetensors", "config.json", "vocab.json", "README.md"
+EXPORT_FORMAT = "charlm-export-1"
+
+
+def _safetensors() -> Any:
+    try:
+        import safetensors.torch
+    except ImportError:
+        raise UsageError('exports need the safetensors package: pip install -e ".[export]" in your charlm checkout '
+                         "(or pip install safetensors)") from None
+    return safetensors.torch
+
+
+def is_export(path: Path) -> bool:
+    return path.is_dir() and (path / WEIGHTS).is_file() and (path / CONFIG).is_file()
+
+
+def write_export(ckpt: Checkpoint, out_dir: Path, card: str) -> list[Path]:
+    """Write the four files (each atomically); returns their paths."""
+    st = _safetensors()
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UsageError(f"cannot create export folder {out_dir}: {e.strerror}") from None
+    # Clones: a tied head shares the embedding's storage, which safetensors refuses to write twice.
+    weights = {k: v.detach().to("cpu").clone().contiguous() for k, v in ckpt.state["model"].items()}
+    meta = {"format": EXPORT_FORMAT, "charlm_version": __version__, "step": str(ckpt.step)}
+    config = {"format": EXPORT_FORMAT, "charlm_version": __version__, "step": ckpt.step, **ckpt.config.to_dict()}
+    files = {
+        WEIGHTS: st.save(weights, metadata=meta),
+        CONFIG: (json.dumps(config, indent=2) + "\n").encode(),
+        VOCAB: (ckpt.tokenizer.to_json() + "\n").encode(),
+        CARD: card.encode(),
+    }
+    for name, data in files.items():
+        atomic_write(out_dir / name, lambda f, data=data: f.write(data))
+    return [out_dir / name for name in files]
+
+
+def read_export(folder: Path) -> Checkpoint:
+    """An export as a Checkpoint (weights, config, vocabulary); JSON and safetensors only, nothing unpickled."""
+    st = _safetensors()
+    try:
+        raw = json.loads((folder / CONFIG).read_text(encoding="utf-8"))
+        tokenizer = CharTokenizer.from_json((folder / VOCAB).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise UsageError(f"export {folder} is damaged: {CONFIG} or {VOCAB} cannot be read ({e})") from None
+    if not isinstance(raw, dict) or raw.get("format") != EXPORT_FORMAT:
+        raise UsageError(f"{folder / CONFIG} is not a charlm export config (format {EXPORT_FORMAT} expected)")
+    step = raw.get("step", 0)
+    sections = {k: v for k, v in raw.items() if k in ("data", "model", "train", "sample")}
+    try:
+        config = config_from_dict(sections, str(folder / CONFIG))
+        weights = st.load_file(str(folder / WEIGHTS))
+    except UsageError as e:
+        raise UsageError(f"export {folder} holds an invalid config: {e}") from None
+    except Exception as e:  # safetensors raises its own error types for damaged files
+        raise UsageError(f"export {folder} is damaged: {WEIGHTS} cannot be read ({type(e).__name__})") from None
+    return Checkpoint(folder, config, tokenizer, {"model": weights, "step": step})
+
+
+def model_card(ckpt: Checkpoint, params: int, scores: dict[str, float] | None, sample: str, folder: Path) -> str:
+    m, t = ckpt.config.model, ckpt.config.train
+    quality = (f"full validation pass: **{scores['loss']:.4f} nats/char, {scores['bpc']:.4f} bits/char** "
+               f"(perplexity {scores['perplexity']:.3f}) on the last {ckpt.config.data.val_fraction:.0%} of "
+               f"`{ckpt.config.data.path}`" if scores else
+               f"not measured here: the training corpus `{ckpt.config.data.path}` was not found at export time")
+    return f"""# charlm character-level language model
+
+A decoder-only Transformer over {ckpt.tokenizer.vocab_size} characters, trained with charlm on
+`{ckpt.config.data.path}`.
+
+| | |
+|---|---|
+| shape | {m.n_layer} layers, {m.n_head} heads, {m.n_embd} wide, context {m.block_size} characters |
+| parts | {m.pos_encoding} positions, {m.norm} ({m.norm_position}), {m.activation} feed-forward x{m.ffn_mult:g}, \
+{"tied" if m.tie_weights else "untied"} head |
+| parameters | {params:,} |
+| training | {ckpt.step:,} steps of batch {t.batch_size} x {t.grad_accum}, AdamW lr {t.lr:g} ({t.lr_schedule}) |
+| quality | {quality} |
+
+## Use it
+
+```bash
+charlm sample {folder} --prompt "JULIET:" --seed 1
+charlm eval {folder} --data input.txt
+```
+
+```python
+import charlm
+model = charlm.load("{folder}")
+print(model.generate("JULIET:", max_new_tokens=200, seed=1))
+```
+
+Files: `{WEIGHTS}` (weights only, safetensors), `{CONFIG}` (the configuration it was trained with),
+`{VOCAB}` (the characters, in id order). Loading never unpickles anything.
+
+## A sample (seed 1, temperature {ckpt.config.sample.temperature:g})
+
+```text
+{sample}
+```
+"""

@@ -1,0 +1,82 @@
+"""train.loggers: each logger writes files that its own reader parses; a missing package is one line up front."""
+
+import csv
+import json
+
+import pytest
+
+from conftest import SMALL, assert_one_line_error, run_cli
+
+STEPS = ["--max-steps", "40", "--set", "train.log_interval=5"]  # SMALL evaluates every 10 steps
+
+
+def _train(run, corpus, loggers, *extra, env=None):
+    return run_cli("train", *SMALL, "--data", corpus, "--out-dir", run, *STEPS, "--set", f"train.loggers={loggers}",
+                   *extra, env=env, check=True)
+
+
+def test_jsonl_writes_steps_evaluations_and_the_summary(tmp_path, corpus):
+    _train(tmp_path / "r", corpus, "[jsonl]")
+    steps = [json.loads(line) for line in (tmp_path / "r" / "steps.jsonl").read_text().splitlines()]
+    evals = [json.loads(line) for line in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
+    assert [s["step"] for s in steps] == list(range(5, 41, 5)) and all(s["step_loss"] > 0 for s in steps)
+    assert [e["step"] for e in evals] == [10, 20, 30, 40] and all("val_loss" in e for e in evals)
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert summary["steps"] == 40 and summary["full_val_loss"] > 0
+
+
+def test_csv_has_one_row_per_log(tmp_path, corpus):
+    _train(tmp_path / "r", corpus, "[jsonl,csv]")
+    rows = list(csv.DictReader((tmp_path / "r" / "metrics.csv").open()))
+    kinds = [r["kind"] for r in rows]
+    assert kinds.count("step") == 8 and kinds.count("eval") == 4 and kinds[-1] == "summary"
+    assert float(rows[-1]["full_val_loss"]) > 0 and all(float(r["lr"]) > 0 for r in rows if r["kind"] != "summary")
+    run_cli("train", "--resume", "--out-dir", tmp_path / "r", "--max-steps", "50", check=True)  # appends, one header
+    again = list(csv.DictReader((tmp_path / "r" / "metrics.csv").open()))
+    assert len(again) > len(rows) and sum(r["kind"] == "kind" for r in again) == 0
+
+
+def test_tensorboard_event_files_parse_with_tensorboards_reader(tmp_path, corpus):
+    pytest.importorskip("tensorboard", reason="the tensorboard extra is not installed")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    _train(tmp_path / "r", corpus, "[jsonl,tensorboard,csv]")
+    events = EventAccumulator(str(tmp_path / "r" / "tensorboard"))
+    events.Reload()
+    scalars = events.Tags()["scalars"]
+    assert {"val_loss", "train_loss", "train/step_loss", "train/lr", "summary/full_val_loss"} <= set(scalars)
+    assert [e.step for e in events.Scalars("val_loss")] == [10, 20, 30, 40]
+    assert len(events.Scalars("train/step_loss")) == 8
+    assert (tmp_path / "r" / "metrics.csv").is_file()
+
+
+def test_the_older_tensorboard_switch_still_works(tmp_path, corpus):
+    pytest.importorskip("tensorboard", reason="the tensorboard extra is not installed")
+    run_cli("train", *SMALL, "--data", corpus, "--out-dir", tmp_path / "r", "--max-steps", "20",
+            "--set", "train.tensorboard=true", check=True)
+    assert any((tmp_path / "r" / "tensorboard").iterdir())
+
+
+def test_wandb_in_offline_mode(tmp_path, corpus):
+    pytest.importorskip("wandb", reason="the wandb extra is not installed (pip install -e \".[wandb]\")")
+    _train(tmp_path / "r", corpus, "[jsonl,wandb]", "--set", "train.wandb_project=charlm-tests",
+           env={"WANDB_MODE": "offline", "WANDB_SILENT": "true"})
+    runs = list((tmp_path / "r" / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1 and list(runs[0].glob("*.wandb"))
+
+
+def test_a_missing_logger_package_is_one_line_before_training(tmp_path, corpus):
+    for name in ("wandb", "tensorboard"):
+        try:
+            __import__(name)
+        except ImportError:
+            result = run_cli("train", *SMALL, "--data", corpus, "--out-dir", tmp_path / name,
+                             "--set", f"train.loggers=[jsonl,{name}]")
+            assert_one_line_error(result, 2, f'pip install -e ".[{name}]"')
+            assert not (tmp_path / name).exists()
+
+
+def test_an_unknown_logger_names_the_key(tmp_path, corpus):
+    result = run_cli("train", *SMALL, "--data", corpus, "--out-dir", tmp_path / "r", "--set",
+                     "train.loggers=[jsonl,mlflow]")
+    assert_one_line_error(result, 2, "train.loggers", "mlflow")

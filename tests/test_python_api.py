@@ -1,0 +1,130 @@
+"""The Python API: docs/python-api.md's examples run as written; errors are the CLI's; no process-wide effects."""
+
+import os
+import re
+import shutil
+import signal
+
+import pytest
+
+import charlm
+from conftest import REPO
+
+
+def _examples() -> list[str]:
+    text = (REPO / "docs" / "python-api.md").read_text(encoding="utf-8")
+    return re.findall(r"```python\n(.*?)```", text, re.S)
+
+
+def test_the_documented_examples_run_in_order(tmp_path, corpus, capsys):
+    (tmp_path / "data").mkdir()
+    shutil.copy(corpus, tmp_path / "data" / "tinyshakespeare.txt")
+    handlers = (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM))
+    here = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        namespace: dict = {}
+        examples = _examples()
+        assert len(examples) >= 5
+        for code in examples:
+            exec(compile(code, "docs/python-api.md", "exec"), namespace)
+    finally:
+        os.chdir(here)
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == handlers
+    out = capsys.readouterr().out
+    assert "nats/char" in out and "checkpoint not found" in out
+
+
+def test_load_generate_matches_the_command_line(tiny_checkpoint):
+    from conftest import run_cli
+
+    model = charlm.load(tiny_checkpoint)
+    text = model.generate("JULIET:", max_new_tokens=60, seed=1)
+    cli = run_cli("sample", tiny_checkpoint, "--prompt", "JULIET:", "--max-new-tokens", "60", "--seed", "1",
+                  check=True)
+    assert text.startswith("JULIET:") and cli.stdout == text + "\n"
+
+
+def test_evaluate_matches_charlm_eval(tiny_checkpoint):
+    import json
+
+    from conftest import run_cli
+
+    ours = charlm.load(tiny_checkpoint).evaluate()
+    cli = json.loads(run_cli("eval", tiny_checkpoint, "--json", check=True).stdout)
+    assert ours.to_dict() == cli
+
+
+def test_errors_are_the_cli_errors_and_importable_from_charlm(tiny_checkpoint):
+    model = charlm.load(tiny_checkpoint)
+    with pytest.raises(charlm.UsageError, match="U\\+00E9"):
+        model.generate("café")
+    with pytest.raises(charlm.UsageError, match="top-p"):
+        model.generate("a", top_p=0)
+    assert issubclass(charlm.UsageError, charlm.CharlmError) and issubclass(charlm.WorkError, charlm.CharlmError)
+
+
+def test_info_counts_the_modules_parameters(tiny_checkpoint):
+    model = charlm.load(tiny_checkpoint)
+    assert model.info().total_params == sum(p.numel() for p in model.module.parameters())
+
+
+# -- export ---------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def exported(tiny_checkpoint, tmp_path_factory):
+    pytest.importorskip("safetensors", reason="exports need the safetensors package (the test extra has it)")
+    from conftest import run_cli
+
+    out = tmp_path_factory.mktemp("export") / "exp"
+    result = run_cli("export", tiny_checkpoint, out, check=True)
+    assert "exported" in result.stderr
+    return out
+
+
+def test_an_export_holds_weights_config_vocabulary_and_a_card(exported, tiny_checkpoint):
+    import json
+
+    import safetensors.torch
+    import torch
+
+    assert sorted(p.name for p in exported.iterdir()) == ["README.md", "config.json", "model.safetensors",
+                                                          "vocab.json"]
+    weights = safetensors.torch.load_file(str(exported / "model.safetensors"))
+    saved = torch.load(tiny_checkpoint, weights_only=True)["model"]
+    assert weights.keys() == saved.keys() and all(torch.equal(weights[k], saved[k]) for k in saved)
+    assert json.loads((exported / "config.json").read_text())["model"]["n_embd"] == 32
+    card = (exported / "README.md").read_text()
+    assert "nats/char" in card and "bits/char" in card and f'charlm.load("{exported}")' in card
+
+
+def test_an_export_gives_bit_identical_logits_and_the_same_samples(exported, tiny_checkpoint):
+    import torch
+
+    from conftest import run_cli
+
+    a, b = charlm.load(tiny_checkpoint, device="cpu"), charlm.load(exported, device="cpu")
+    ids = torch.tensor([a.tokenizer.encode("JULIET: O Romeo!")])  # 16 characters: the context
+    assert torch.equal(a.module(ids)[0], b.module(ids)[0])
+    args = ("--prompt", "JULIET:", "--seed", "1", "--max-new-tokens", "80")
+    assert run_cli("sample", exported, *args, check=True).stdout == run_cli("sample", tiny_checkpoint, *args,
+                                                                              check=True).stdout
+    for command in ("eval", "info"):
+        assert run_cli(command, exported, "--json", check=True).stdout == run_cli(command, tiny_checkpoint, "--json",
+                                                                                  check=True).stdout
+
+
+def test_a_tampered_export_config_is_one_line(exported, tmp_path):
+    import json
+
+    from conftest import assert_one_line_error, run_cli
+
+    bad = tmp_path / "bad"
+    shutil.copytree(exported, bad)
+    config = json.loads((bad / "config.json").read_text())
+    config["model"]["n_embd"] = 48
+    (bad / "config.json").write_text(json.dumps(config))
+    assert_one_line_error(run_cli("sample", bad), 2, "does not match its recorded model shape")
+    with pytest.raises(charlm.UsageError, match="does not match"):
+        charlm.load(bad)
