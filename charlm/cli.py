@@ -429,7 +429,9 @@ def config_(
             raise UsageError("--keys lists every key with its default; it takes no --show, --config or --set")
         from charlm.report import print_config_keys
 
-        print_config_keys(cfg.key_reference())
+        from charlm.config_docs import key_reference
+
+        print_config_keys(key_reference())
         return
     sys.stdout.write(cfg.load_config(config or cfg.DEFAULT_CONFIG, set_ or []).to_yaml())
 

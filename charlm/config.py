@@ -17,12 +17,11 @@ from typing import Any, Literal
 
 import yaml
 
+from charlm.config_files import (  # noqa: F401  (re-exported: the config API in one import)
+    CONFIG_DIRS, Options, Setting, file_settings, find_config, parse_set, read_yaml_file, shipped_config_names,
+)
 from charlm.errors import UsageError
 
-# Where the shipped configs live: `configs/` beside the package in a source checkout, or the
-# copy that the wheel installs as `charlm/_configs`.
-_PACKAGE_DIR = Path(__file__).resolve().parent
-CONFIG_DIRS = (_PACKAGE_DIR.parent / "configs", _PACKAGE_DIR / "_configs")
 DEFAULT_CONFIG = "cpu"
 
 
@@ -55,13 +54,22 @@ class ModelConfig:
     )
     norm: Literal["layernorm", "rmsnorm"] = documented("layernorm", "normalisation layer")
     norm_position: Literal["pre", "post"] = documented("pre", "pre: x + f(norm(x)) (GPT-2); post: norm(x + f(x)) (original paper)")
-    activation: Literal["relu", "gelu", "swiglu"] = documented("gelu", "feed-forward activation (swiglu uses 2/3 of the hidden width)")
+    activation: Literal["relu", "gelu", "swiglu", "relu2"] = documented(
+        "gelu", "feed-forward activation (swiglu uses 2/3 of the hidden width; relu2 is relu(x)^2)")
     ffn_mult: float = documented(4.0, "feed-forward hidden width as a multiple of n_embd", gt=0.0)
     tie_weights: bool = documented(True, "share the output head's weights with the token embedding")
     qkv_bias: bool | None = documented(None, "biases in the Q/K/V projections (null = model.bias)")
     proj_bias: bool | None = documented(None, "bias in attention's output projection W_O (null = model.bias)")
     ffn_bias: bool | None = documented(None, "biases in the feed-forward layers (null = model.bias)")
     head_bias: bool = documented(False, "a bias in the output head's logits (GPT-2 has none)")
+    n_experts: int = documented(0, "feed-forward experts per block (0 = one dense feed-forward; mixture of experts)",
+                                ge=0)
+    expert_top_k: int = documented(2, "experts each token is routed to, when n_experts > 0", ge=1)
+    moe_aux_weight: float = documented(0.01, "weight of the load-balancing loss added while training", ge=0.0)
+    qk_norm: bool = documented(False, "RMS-normalise queries and keys per head before the scores (QK-norm)")
+    zero_init_proj: bool = documented(False, "start W_O and the feed-forward's output projection at zero, so each "
+                                             "block begins as the identity")
+    logit_softcap: float = documented(0.0, "cap the output logits smoothly: c * tanh(logits / c) (0 = off)", ge=0.0)
     attention: Literal["fused", "explicit"] = documented(
         "fused", "fused: torch's scaled_dot_product_attention kernel; explicit: softmax(QKᵀ/√d_head + mask) V "
         "written out (same results, slower; can return the weights)")
@@ -73,8 +81,23 @@ class TrainConfig:
     grad_accum: int = documented(1, "micro-batches accumulated per optimizer step", ge=1)
     max_steps: int = documented(5000, "optimizer steps at most (0 = no step limit)", ge=0)
     max_seconds: float = documented(0.0, "wall-clock budget for training in seconds, per invocation (0 = none)", ge=0.0)
-    lr: float = documented(1e-3, "peak learning rate of AdamW", gt=0.0)
-    min_lr: float = documented(1e-5, "ReduceLROnPlateau never goes below this learning rate", ge=0.0)
+    optimizer: Literal["adamw", "muon"] = documented(
+        "adamw", "adamw: AdamW for every parameter; muon: torch.optim.Muon (momentum orthogonalised by Newton-Schulz "
+        "steps) for the blocks' weight matrices, AdamW for embeddings, head, norms and biases")
+    lr: float = documented(1e-3, "peak learning rate of AdamW (the schedule's reference: other lrs scale with it)",
+                           gt=0.0)
+    embed_lr: float | None = documented(None, "peak AdamW lr of the token and position embeddings (null = train.lr)",
+                                        gt=0.0)
+    head_lr: float | None = documented(None, "peak AdamW lr of an untied output head (null = train.lr)", gt=0.0)
+    muon_lr: float = documented(0.02, "peak Muon learning rate (train.optimizer: muon)", gt=0.0)
+    muon_momentum: float = documented(0.95, "Muon momentum (Nesterov)", ge=0.0, lt=1.0)
+    muon_weight_decay: float = documented(0.0, "Muon's decoupled weight decay", ge=0.0)
+    muon_ns_steps: int = documented(5, "Newton-Schulz iterations per Muon step", ge=1)
+    muon_adjust_lr: Literal["original", "match_rms_adamw"] = documented(
+        "original", "Muon's per-shape lr scaling: original (sqrt(max(1, rows/cols)), Keller Jordan's) or "
+        "match_rms_adamw (0.2 sqrt(max(rows, cols)): AdamW-sized updates, Moonshot's)")
+    min_lr: float = documented(1e-5, "the floor of every schedule: cosine and linear decay end here, the plateau "
+                                      "rule never goes below it", ge=0.0)
     weight_decay: float = documented(0.1, "AdamW weight decay (on the parameters train.decay says)", ge=0.0)
     decay: Literal["matrices", "all"] = documented(
         "matrices", "which parameters weight decay applies to: matrices (not biases, norms; GPT-2) or all (torch's "
@@ -141,104 +164,6 @@ class Config:
 SECTIONS: dict[str, type] = {"data": DataConfig, "model": ModelConfig, "train": TrainConfig, "sample": SampleConfig}
 
 
-# ---------------------------------------------------------------------------- finding and reading
-
-
-def find_config(name_or_path: str) -> Path:
-    """A path as given, or the name of a shipped config ("cpu", "tiny.yaml")."""
-    path = Path(name_or_path)
-    if path.exists():
-        return path
-    stem = path.name[:-5] if path.name.endswith(".yaml") else path.name
-    if path.parent == Path("."):  # a bare name: look among the shipped configs
-        for folder in CONFIG_DIRS:
-            candidate = folder / f"{stem}.yaml"
-            if candidate.is_file():
-                return candidate
-    shipped = ", ".join(shipped_config_names()) or "none found"
-    raise UsageError(f"config file not found: {name_or_path} (shipped configs: {shipped})")
-
-
-def shipped_config_names() -> list[str]:
-    for folder in CONFIG_DIRS:
-        if folder.is_dir():
-            return sorted(p.stem for p in folder.glob("*.yaml"))
-    return []
-
-
-def read_yaml_file(path: Path) -> dict[str, Any]:
-    """Parse a config file with yaml.safe_load (never executed); it must hold a mapping."""
-    if path.is_dir():
-        raise UsageError(f"config path is a directory, not a YAML file: {path}")
-    try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except UnicodeDecodeError as e:
-        raise UsageError(f"config file {path} is not UTF-8 text (bad byte at offset {e.start})") from e
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise UsageError(f"config file {path} is not valid YAML{where}: {problem}") from e
-    except OSError as e:
-        raise UsageError(f"cannot read config file {path}: {e.strerror}") from e
-    if raw is None:
-        return {}
-    if not isinstance(raw, dict):
-        raise UsageError(f"config file {path} must hold a mapping of sections (data, model, train, sample)")
-    return raw
-
-
-# ---------------------------------------------------------------------------- overrides
-
-
-@dataclass
-class Setting:
-    """One value for a dotted key, remembering where the user gave it (for error messages)."""
-
-    key: str
-    value: Any
-    source: str
-
-
-Options = dict[str, tuple[str, Any]]  # dotted key -> (the flag the user typed, its value or None if not given)
-
-
-def parse_set(item: str) -> Setting:
-    """`section.key=value`, the value parsed as a YAML scalar ("3" -> 3, "true" -> True, "1e-3" -> 0.001)."""
-    key, sep, text = item.partition("=")
-    key = key.strip()
-    if not sep or "." not in key:
-        raise UsageError(f"--set expects section.key=value, got {item!r} (e.g. --set train.lr=3e-4)")
-    try:
-        value = yaml.safe_load(text) if text.strip() else None
-    except yaml.YAMLError:
-        value = text
-    if isinstance(value, dict):
-        value = text  # no mappings: keep the text and let the type check name the key
-    return Setting(key, _yaml_float(value), f"--set {item}")
-
-
-def _yaml_float(value: Any) -> Any:
-    # YAML 1.1 reads "1e-3" as a string (it wants "1.0e-3"); users mean a number.
-    if isinstance(value, str):
-        try:
-            return float(value) if any(c in value for c in "eE.") or value.strip().lower() in ("inf", "nan") else value
-        except ValueError:
-            return value
-    return value
-
-
-def file_settings(raw: dict[str, Any], source: str) -> tuple[list[Setting], list[str]]:
-    settings, errors = [], []
-    for section, body in raw.items():
-        if not isinstance(body, dict):
-            errors.append(f"{section}: expected a mapping of keys under '{section}:' ({source})")
-            continue
-        for key, value in body.items():
-            settings.append(Setting(f"{section}.{key}", _yaml_float(value), source))
-    return settings, errors
-
-
 # ---------------------------------------------------------------------------- building and validating
 
 
@@ -274,7 +199,7 @@ def _apply(values: dict[str, dict[str, Any]], s: Setting) -> str | None:
     hint = typing.get_type_hints(SECTIONS[section])[key]
     ok, value = _coerce(s.value, hint)
     if not ok:
-        return f"{s.key}: expected {_describe(hint)}, got {s.value!r} ({s.source})"
+        return f"{s.key}: expected {describe_type(hint)}, got {s.value!r} ({s.source})"
     values[section][key] = value
     return None
 
@@ -312,15 +237,15 @@ def _coerce(value: Any, hint: Any) -> tuple[bool, Any]:
     return False, value
 
 
-def _describe(hint: Any) -> str:
+def describe_type(hint: Any) -> str:
     origin = typing.get_origin(hint)
     if origin in (typing.Union, types.UnionType):
         inner = next(a for a in typing.get_args(hint) if a is not type(None))
-        return f"{_describe(inner)} or null"
+        return f"{describe_type(inner)} or null"
     if origin is Literal:
         return "one of " + ", ".join(str(c) for c in typing.get_args(hint))
     if origin is list:
-        return f"a list, each {_describe(typing.get_args(hint)[0])}"
+        return f"a list, each {describe_type(typing.get_args(hint)[0])}"
     return {bool: "true or false", int: "an integer", float: "a number", str: "a string"}.get(hint, str(hint))
 
 
@@ -341,6 +266,8 @@ def _check_ranges(config: Config) -> list[str]:
         errors.append(f"model.n_embd ({m.n_embd}) must be divisible by model.n_head ({m.n_head})")
     if shape_ok and m.pos_encoding == "rope" and m.n_embd % m.n_head == 0 and (m.n_embd // m.n_head) % 2:
         errors.append(f"model.pos_encoding rope needs an even head size, but n_embd / n_head = {m.n_embd // m.n_head}")
+    if m.n_experts and m.expert_top_k > m.n_experts:
+        errors.append(f"model.expert_top_k ({m.expert_top_k}) must be at most model.n_experts ({m.n_experts})")
     if config.train.max_steps == 0 and config.train.max_seconds == 0:
         errors.append("train.max_steps and train.max_seconds are both 0: set at least one limit")
     if not valid_device_name(config.train.device):
@@ -409,42 +336,3 @@ def config_from_dict(raw: dict[str, Any], source: str) -> Config:
     """Rebuild a Config saved in a checkpoint (keys added since then take their defaults); all problems at once."""
     settings, errors = file_settings(raw, source)
     return _build_reporting_all(settings, errors)
-
-
-@dataclass
-class KeyInfo:
-    key: str  # section.key
-    type: str  # in words: "an integer", "one of cosine, linear"
-    default: str  # as YAML writes it
-    help: str
-
-
-def key_reference() -> list[KeyInfo]:
-    """Every configuration key with its type, default and meaning (for `charlm config --keys` and docs/config.md)."""
-    keys = []
-    for section, cls in SECTIONS.items():
-        hints = typing.get_type_hints(cls)
-        for f in dataclasses.fields(cls):
-            value = f.metadata.get("default", f.default)
-            default = yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
-            keys.append(KeyInfo(f"{section}.{f.name}", _describe(hints[f.name]), default, f.metadata["help"]))
-    return keys
-
-
-def reference_markdown() -> str:
-    """docs/config.md: every key with its type, default and meaning, generated from the dataclasses."""
-    lines = [
-        "# Configuration reference",
-        "",
-        "Generated from `charlm/config.py` by `python scripts/gen_config_docs.py`; a test checks it is current.",
-        "Set keys in a YAML file (`--config FILE`), with `--set section.key=value`, or with the first-class options",
-        "(`--data`, `--device`, `--max-steps`, `--max-seconds`, `--seed`); later sources win in that order.",
-        "`charlm config` prints the resolved configuration; `charlm config --keys` prints this table.",
-    ]
-    section = None
-    for k in key_reference():
-        if k.key.split(".")[0] != section:
-            section = k.key.split(".")[0]
-            lines += ["", f"## {section}", "", "| key | type | default | meaning |", "|---|---|---|---|"]
-        lines.append(f"| `{k.key}` | {k.type} | `{k.default}` | {k.help} |")
-    return "\n".join(lines) + "\n"

@@ -8,8 +8,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from charlm import __version__
 from charlm.checkpoint import Checkpoint
 from charlm.config import config_from_dict

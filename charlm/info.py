@@ -23,10 +23,12 @@ class ModelInfo:
     total_params: int
     flops_per_token: int
     flops_formula: str
+    active_params: int = 0  # parameters a token uses (fewer than total with a mixture of experts)
 
     def to_dict(self) -> dict:
         return {
-            "total_params": self.total_params, "flops_per_token": self.flops_per_token,
+            "total_params": self.total_params, "active_params": self.active_params,
+            "flops_per_token": self.flops_per_token,
             "flops_formula": self.flops_formula, "components": [asdict(r) for r in self.rows],
         }
 
@@ -56,7 +58,15 @@ def model_info(config: ModelConfig, vocab_size: int) -> ModelInfo:
         ffn, ffn_f = 3 * d * h + fb * (2 * h + d), "3·d·d_ff + 2·d_ff + d" if fb else "3·d·d_ff"
     else:
         ffn, ffn_f = 2 * d * h + fb * (h + d), "2·d·d_ff + d_ff + d" if fb else "2·d·d_ff"
-    rows.append(Row(f"feed-forward ({config.activation}, d_ff = {h})", ffn, ffn_f, per_layer=True))
+    extras = [name for name, on in (("QK-norm", config.qk_norm), ("zero-init projections", config.zero_init_proj),
+                                    (f"logit soft-cap {config.logit_softcap:g}", config.logit_softcap)) if on]
+    E, k = config.n_experts, config.expert_top_k
+    if E:
+        rows.append(Row(f"router ({E} experts)", d * E, "d·E", per_layer=True))
+        rows.append(Row(f"feed-forward experts ({config.activation}, d_ff = {h}, top-{k} of {E})", E * ffn,
+                        f"E·({ffn_f})", per_layer=True))
+    else:
+        rows.append(Row(f"feed-forward ({config.activation}, d_ff = {h})", ffn, ffn_f, per_layer=True))
     rows.append(Row(f"norms ({config.norm}, {config.norm_position})", 2 * norm, f"2·{norm_f}", per_layer=True))
     if config.norm_position == "pre":
         rows.append(Row("final norm", norm, norm_f))
@@ -66,9 +76,12 @@ def model_info(config: ModelConfig, vocab_size: int) -> ModelInfo:
     else:
         rows.append(Row("output head", d * V + hb, "d·V + V" if hb else "d·V"))
 
+    if extras:  # options without parameters: named so that the table shows the whole recipe
+        rows.append(Row(", ".join(extras), 0, "no parameters"))
     total = sum(r.params * (L if r.per_layer else 1) for r in rows)
-    # Matmul weights only: embedding lookups cost no FLOPs, the head does (tied or not).
-    n_matmul = L * (attn + ffn) + d * V
+    active = total - L * (E - k) * ffn if E else total  # per token, only k experts' weights are used
+    # Matmul weights a token uses: embedding lookups cost no FLOPs, the head does (tied or not).
+    n_matmul = L * (attn + (k * ffn + d * E if E else ffn)) + d * V
     flops = 6 * n_matmul + 12 * L * d * T
     formula = "6·N + 12·L·d·T"  # N: matmul weights, L·(attention + feed-forward) + d·V; T = block_size
-    return ModelInfo(rows, L, total, flops, formula)
+    return ModelInfo(rows, L, total, flops, formula, active)

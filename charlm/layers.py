@@ -106,7 +106,7 @@ def ffn_hidden(config: ModelConfig) -> int:
 
 
 class MLP(nn.Module):
-    """Position-wise feed-forward: d -> hidden -> d with ReLU or GELU, or SwiGLU (silu(xW1) * xW3) W2."""
+    """Position-wise feed-forward: d -> hidden -> d with ReLU, ReLU² or GELU, or SwiGLU (silu(xW1) * xW3) W2."""
 
     def __init__(self, config: ModelConfig):
         super().__init__()
@@ -125,6 +125,43 @@ class MLP(nn.Module):
             h = F.silu(gate) * value
         elif self.activation == "relu":
             h = F.relu(h)
+        elif self.activation == "relu2":
+            h = F.relu(h).square()
         else:
             h = F.gelu(h)
         return self.dropout(self.proj(h))
+
+
+class MixtureOfExperts(nn.Module):
+    """model.n_experts feed-forwards; a linear router sends each token to its top-k experts, whose outputs are
+    summed with the router's probabilities renormalised over those k. Only k experts run per token.
+
+    `aux_loss` holds the last forward's load-balancing loss (Switch Transformer): E · Σ_e f_e · P_e, where f_e is the
+    share of routing slots that went to expert e and P_e its mean router probability; 1.0 when perfectly balanced.
+    """
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.k = config.expert_top_k
+        self.router = nn.Linear(config.n_embd, config.n_experts, bias=False)
+        self.experts = nn.ModuleList(MLP(config) for _ in range(config.n_experts))
+        self.aux_loss = torch.zeros(())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, C = x.shape
+        flat = x.reshape(-1, C)  # (N, C)
+        probs = torch.softmax(self.router(flat).float(), dim=-1)  # (N, E)
+        top_p, top_i = probs.topk(self.k, dim=-1)  # (N, k)
+        top_p = (top_p / top_p.sum(-1, keepdim=True)).to(x.dtype)
+        out = torch.zeros_like(flat)
+        for e, expert in enumerate(self.experts):
+            rows, slot = (top_i == e).nonzero(as_tuple=True)  # the tokens routed to expert e
+            if rows.numel():
+                out.index_add_(0, rows, expert(flat[rows]) * top_p[rows, slot, None])
+        share = F.one_hot(top_i, len(self.experts)).float().mean(dim=(0, 1))  # (E,) f_e
+        self.aux_loss = len(self.experts) * (share * probs.mean(0)).sum()
+        return out.view(B, T, C)
+
+
+def feed_forward(config: ModelConfig) -> nn.Module:
+    return MixtureOfExperts(config) if config.n_experts else MLP(config)

@@ -44,7 +44,7 @@ def require_loggers(config: Config) -> None:
         try:
             __import__(module)
             if name == "tensorboard":
-                import torch.utils.tensorboard  # noqa: F401
+                import torch.utils.tensorboard  # noqa: F401  (torch's writer needs the package too)
         except ImportError:
             raise UsageError(f'the {name} logger needs the {module} package: pip install -e ".[{extra}]" in your '
                              f"charlm checkout (or pip install {module}); or drop it from train.loggers") from None

@@ -13,7 +13,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from charlm.config import ModelConfig
-from charlm.layers import MLP, Rotary, SinusoidalPositions, alibi_slopes, attention_mask, make_norm, part_bias
+from charlm.layers import (
+    Rotary, SinusoidalPositions, alibi_slopes, attention_mask, feed_forward, make_norm, part_bias,
+)
 
 RELATIVE = ("rope", "alibi")  # encodings under which attention depends on distances only
 
@@ -97,10 +99,13 @@ class CausalSelfAttention(nn.Module):
         self.rotary = Rotary(config.n_embd // config.n_head) if config.pos_encoding == "rope" else None
         slopes = alibi_slopes(config.n_head) if config.pos_encoding == "alibi" else None
         self.register_buffer("slopes", slopes, persistent=False)
+        self.qk_norm = config.qk_norm  # parameter-free RMS norm of q and k per head (bounded scores)
 
     def forward(self, x: torch.Tensor, pos: torch.Tensor, cache: KVCache | None = None, layer: int = 0) -> torch.Tensor:
         B, T, C = x.shape
         q, k, v = self.qkv(x).view(B, T, 3, self.n_head, C // self.n_head).permute(2, 0, 3, 1, 4)  # 3 x (B, nh, T, hd)
+        if self.qk_norm:
+            q, k = F.rms_norm(q, (q.size(-1),)), F.rms_norm(k, (k.size(-1),))
         if self.rotary is not None:
             q, k = self.rotary(q, pos), self.rotary(k, pos)
         k_pos = pos
@@ -135,7 +140,7 @@ class Block(nn.Module):
         self.ln_1 = make_norm(config)
         self.attn = CausalSelfAttention(config)
         self.ln_2 = make_norm(config)
-        self.mlp = MLP(config)
+        self.mlp = feed_forward(config)  # dense, or a mixture of experts
 
     def forward(self, x: torch.Tensor, pos: torch.Tensor, cache: KVCache | None = None, layer: int = 0) -> torch.Tensor:
         if self.pre:
@@ -184,7 +189,7 @@ class GPT(nn.Module):
         if isinstance(module, nn.Linear):
             std = 0.02
             if getattr(module, "residual_projection", False):
-                std /= math.sqrt(2 * self.config.n_layer)
+                std = 0.0 if self.config.zero_init_proj else std / math.sqrt(2 * self.config.n_layer)
             nn.init.normal_(module.weight, mean=0.0, std=std)
             if module.bias is not None:
                 nn.init.zeros_(module.bias)
@@ -218,9 +223,14 @@ class GPT(nn.Module):
         for layer, block in enumerate(self.blocks):
             x = block(x, pos, cache, layer)
         logits = self.head(self.ln_f(x))  # (B, T, V)
+        if self.config.logit_softcap:  # smooth cap: c * tanh(z / c), logits stay in (-c, c)
+            c = self.config.logit_softcap
+            logits = c * torch.tanh(logits / c)
         if targets is None:
             return logits, None
         loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
+        if self.training and self.config.n_experts:  # the router's load balancing: a training term only
+            loss = loss + self.config.moe_aux_weight * sum(b.mlp.aux_loss for b in self.blocks) / len(self.blocks)
         return logits, loss
 
     @torch.no_grad()

@@ -10,7 +10,7 @@ from rich.table import Table
 from charlm.progress import stdout_console
 
 if TYPE_CHECKING:  # only for annotations: `charlm config --keys` must not import torch
-    from charlm.config import KeyInfo
+    from charlm.config_docs import KeyInfo
     from charlm.evaluate import EvalResult
     from charlm.info import ModelInfo
     from charlm.run import TrainSummary
@@ -53,6 +53,8 @@ def print_model_info(info: ModelInfo, title: str) -> None:
     table.add_row(f"  all {info.n_layer} layers", f"{per_layer * info.n_layer:,}", "n_layer × (per-layer rows)")
     table.add_section()
     table.add_row("[bold]total[/bold]", f"[bold]{info.total_params:,}[/bold]", "sum of the rows (= sum of p.numel())")
+    if info.active_params != info.total_params:
+        table.add_row("active per token", f"{info.active_params:,}", "total - L·(E - k)·expert")
     table.add_row("training FLOPs per token", f"{info.flops_per_token:,}", info.flops_formula)
     stdout_console().print(table)
 

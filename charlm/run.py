@@ -30,7 +30,7 @@ from charlm.model import GPT
 from charlm.progress import TrainReporter
 from charlm.trainer import StopRequest, Trainer, seed_for_rank
 
-RUN_FILES = ("last.pt", "best.pt", "metrics.jsonl", "config.yaml")
+RUN_FILES = ("last.pt", "best.pt", "metrics.jsonl", "config.yaml", "steps.jsonl", "summary.json", "metrics.csv")
 # Keys that may change when resuming: limits and schedule knobs. Anything else would silently
 # make the resumed run a different run.
 RESUMABLE_KEYS = {
@@ -70,11 +70,21 @@ class TrainSummary:
 
 def requested_config(config_file: str | None, sets: list[str], options: cfg.Options,
                      resume: bool) -> tuple[Config | None, dict[str, Any]]:
-    """What a command asks for: a whole config (a fresh run, or --config given with --resume), and for a resume
-    without --config only the settings typed on the command line."""
-    if resume and config_file is None:
-        return None, cfg.explicit_settings(sets, options)
-    return cfg.load_config(config_file or cfg.DEFAULT_CONFIG, sets, options), {}
+    """What a command asks for: a whole config for a fresh run; for a resume, the settings to compare with the run's
+    (all of a --config file's keys with the command line's on top, or only the command line's without --config).
+
+    A config file's data.path is not compared on resume unless --data (or --set data.path) gives it: the run's
+    corpus fixed its vocabulary, and a file's default path says nothing about it.
+    """
+    if not resume:
+        return cfg.load_config(config_file or cfg.DEFAULT_CONFIG, sets, options), {}
+    explicit = cfg.explicit_settings(sets, options)
+    if config_file is None:
+        return None, explicit
+    given = cfg.load_config(config_file, sets, options).flat()
+    if "data.path" not in explicit:
+        given.pop("data.path")
+    return None, given
 
 
 def resume_config(saved: Config, given: dict[str, Any]) -> Config:
@@ -209,6 +219,7 @@ def _build(config: Config, ckpt: Checkpoint | None, out_dir: Path, replaced: lis
     if ckpt:
         trainer.load_training_state(ckpt.training_state(), ckpt.path)
         reporter.info(f"resuming {out_dir / 'last.pt'} at step {trainer.step}")
+    reporter.info(trainer.schedule.describe())
     if dist.active:
         reporter.info(f"DDP: {dist.world_size} processes, global batch {trainer.global_batch} windows "
                       f"({config.train.batch_size} per rank x {config.train.grad_accum} accumulation)")

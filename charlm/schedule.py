@@ -60,6 +60,22 @@ class LRSchedule:
         p.lr = lowered if changed else p.lr
         return changed
 
+    def describe(self) -> str:
+        """One line for the training header: the schedule in use and how to switch."""
+        tc = self.tc
+        warmup = f"{tc.warmup_steps} warmup steps, then " if tc.warmup_steps else ""
+        if tc.lr_schedule == "plateau":
+            rule = (f"ReduceLROnPlateau (x{tc.plateau_factor:g} after {tc.plateau_patience + 1} stalled checks, "
+                    f"floor {tc.min_lr:g})")
+            other = "cosine"
+        else:
+            budget = " or ".join(b for b in (f"{tc.max_steps:,} steps" if tc.max_steps else "",
+                                            f"{tc.max_seconds:g} s" if tc.max_seconds else "") if b)
+            rule = f"{tc.lr_schedule} decay from {tc.lr:g} to {tc.min_lr:g} over {budget}"
+            other = "plateau"
+        stop = f"; early stop after {tc.early_stop_patience} checks without improvement" if tc.early_stop_patience else ""
+        return f"lr schedule: {warmup}{rule}{stop} (switch with --set train.lr_schedule={other})"
+
     def state_dict(self) -> dict[str, Any]:
         return asdict(self.plateau)
 

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from charlm.checkpoint import TrainingState, save_training_checkpoint
-from charlm.config import Config, TrainConfig
+from charlm.config import Config
 from charlm.data import BatchSampler, Corpus, fixed_windows
 from charlm.device import autocast, autocast_dtype, rng_state, seed_everything, set_rng_state
 from charlm.distributed import Dist
@@ -26,6 +26,7 @@ from charlm.errors import CharlmError, Interrupted, UsageError, WorkError
 from charlm.evaluate import windows_total
 from charlm.files import atomic_write
 from charlm.metrics import MetricsLog
+from charlm.optim import make_optimizer
 from charlm.progress import TrainReporter
 from charlm.schedule import LRSchedule
 
@@ -50,21 +51,6 @@ class NeverStop:
 def seed_for_rank(seed: int, rank: int) -> int:
     """Each rank's own batch and dropout streams; rank 0's is the single-process one."""
     return seed + 1_000_003 * rank
-
-
-def make_optimizer(model: nn.Module, tc: TrainConfig, device: torch.device) -> torch.optim.AdamW:
-    """AdamW with weight decay on matrices only (not biases, norms) or on all; fused kernels where available."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    decayed = (lambda p: True) if tc.decay == "all" else (lambda p: p.dim() >= 2)
-    groups = [
-        {"params": [p for p in params if decayed(p)], "weight_decay": tc.weight_decay},
-        {"params": [p for p in params if not decayed(p)], "weight_decay": 0.0},
-    ]
-    betas = (tc.beta1, tc.beta2)
-    try:
-        return torch.optim.AdamW(groups, lr=tc.lr, betas=betas, fused=device.type in ("cuda", "cpu", "mps"))
-    except (RuntimeError, TypeError):
-        return torch.optim.AdamW(groups, lr=tc.lr, betas=betas)
 
 
 class Trainer:
@@ -197,8 +183,7 @@ class Trainer:
 
     def _optimizer_step(self) -> torch.Tensor:
         tc = self.config.train
-        for group in self.optimizer.param_groups:
-            group["lr"] = self.lr
+        self.optimizer.set_lr(self.lr)
         loss_sum = torch.zeros((), device=self.device)
         for micro in range(tc.grad_accum):
             x, y = self.sampler.next_batch()
@@ -216,12 +201,14 @@ class Trainer:
                 f"loss became {loss_sum.item()} at step {self.step + 1}; training stopped before "
                 "updating the weights, the last checkpoints are untouched (try a lower train.lr or train.grad_clip)"
             )
+        optimizers = self.optimizer.optimizers
         if tc.grad_clip:
-            if self.scaler:
-                self.scaler.unscale_(self.optimizer)
+            for opt in optimizers if self.scaler else []:
+                self.scaler.unscale_(opt)
             nn.utils.clip_grad_norm_(self.model.parameters(), tc.grad_clip)
         if self.scaler:
-            self.scaler.step(self.optimizer)
+            for opt in optimizers:
+                self.scaler.step(opt)
             self.scaler.update()
         else:
             self.optimizer.step()
@@ -284,7 +271,8 @@ class Trainer:
         self.elapsed_before = state.elapsed_s
         try:
             self.optimizer.load_state_dict(state.optimizer)
-            self.schedule.load_state_dict(state.scheduler, self.optimizer.param_groups[0]["lr"])
+            group = self.optimizer.param_groups[-1]
+            self.schedule.load_state_dict(state.scheduler, group["lr"] / group["lr_scale"])
             if self.scaler and state.scaler:
                 self.scaler.load_state_dict(state.scaler)
             self._load_rank_state(state.ranks)

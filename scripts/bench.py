@@ -3,6 +3,11 @@ and sampling speed, for one config, through the real CLI.
 
     python scripts/bench.py --config cpu --data ../shared/data/tinyshakespeare.txt --target-loss 1.65 --record
     python scripts/bench.py --config tiny --data ... --set model.n_layer=4 --set train.max_steps=600 --record
+    python scripts/bench.py --default-recipe --data data/tinyshakespeare.txt --record
+
+--default-recipe runs plain `charlm train` (configs/cpu.yaml) three times (seeds 1337-1339) and prints each run's
+full-validation loss and wall time with their median / min / max, then nanoGPT's CPU shape (4 x 128, context 64,
+batch 12, 600 steps) for tokens/s, all in one invocation.
 
 It runs `charlm train --json` (start-up, compilation and evaluation included in the wall time, as a user waits for
 them), reads its steady-state tokens/s (training steps only; compile time is reported apart), multiplies by
@@ -51,6 +56,33 @@ def charlm(*args: str) -> dict:
     return json.loads(result.stdout)
 
 
+NANOGPT_SHAPE = ["model.n_layer=4", "model.n_head=4", "model.n_embd=128", "model.block_size=64", "model.dropout=0.0",
+                 "train.batch_size=12", "train.max_steps=600"]
+
+
+def default_recipe(data: str, record: bool) -> None:
+    """Three seeds of the default run, then the nanoGPT-shape throughput."""
+    from recipes import run_recipes, summarize
+
+    recipe = [("default", [])]
+    rows = run_recipes("cpu", data, [1337, 1338, 1339], recipe)
+    s = summarize(rows, recipe)[0]
+    with tempfile.TemporaryDirectory() as tmp:
+        shape = charlm("train", "--config", "tiny", "--data", data, "--out-dir", str(Path(tmp) / "shape"),
+                       *[x for item in NANOGPT_SHAPE for x in ("--set", item)], "--json", "--quiet")
+    print(f"\nfull-val median {s['median']:.4f}  min {s['min']:.4f}  max {s['max']:.4f}  "
+          f"(spread {s['max'] - s['min']:.4f});  wall median {s['wall_median']:.1f} s, max {s['wall_max']:.1f} s")
+    print(f"nanoGPT CPU shape: {shape['tokens_per_s']:,.0f} tokens/s")
+    if record:
+        append_section("Default recipe, three seeds (`charlm train`)",
+                       ["seed", "full-val loss", "wall s", "steps", "tokens/s"],
+                       [[str(r["seed"]), f"{r['loss']:.4f}", f"{r['wall']:.1f}", f"{r['steps']:,}",
+                         f"{r['tokens_per_s']:,.0f}"] for r in rows]
+                       + [["**median / min / max**", f"**{s['median']:.4f}** / {s['min']:.4f} / {s['max']:.4f}",
+                           f"{s['wall_median']:.1f} / max {s['wall_max']:.1f}", "", ""],
+                          ["nanoGPT CPU shape, 600 steps", "", "", "600", f"{shape['tokens_per_s']:,.0f}"]])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default="cpu")
@@ -59,7 +91,11 @@ def main() -> None:
     parser.add_argument("--target-loss", type=float, default=None)
     parser.add_argument("--device", default="auto")
     parser.add_argument("--record", action="store_true")
+    parser.add_argument("--default-recipe", action="store_true", help="three seeds of plain `charlm train`")
     args = parser.parse_args()
+    if args.default_recipe:
+        default_recipe(args.data, args.record)
+        return
 
     device = "cuda" if args.device == "auto" and torch.cuda.is_available() else args.device
     device = "cpu" if device == "auto" else device

@@ -1,11 +1,14 @@
 """Train every architecture variant for the same wall-clock budget and tabulate full-val loss and tokens/s.
 
-    python scripts/compare_architectures.py --data ../shared/data/tinyshakespeare.txt            # ~10 min on 2 cores
+    python scripts/compare_architectures.py --data data/tinyshakespeare.txt              # ~10 min on 2 cores
     python scripts/compare_architectures.py --data ... --seconds 60 --write docs/architectures.md
+    python scripts/compare_architectures.py --data ... --group modern --write docs/architectures.md
 
-Same seed, same shape and schedule (configs/cpu.yaml's) and same budget for every run; the baseline is GPT-2's
-choices (learned positions, pre-LayerNorm, GELU, tied head, biases) and each row changes one key. With --write,
-the table between the result markers in that file is replaced (the prose around it is kept).
+Same seed, same shape and schedule (configs/cpu.yaml's) and same budget for every run. Group `classic`: the
+baseline is GPT-2's choices (learned positions, pre-LayerNorm, GELU, tied head, biases) and each row changes one
+key. Group `modern`: the baseline is configs/cpu.yaml as shipped, and each row adds one option from the speedrun
+line of work (or a mixture of experts at the same active parameters). With --write, the group's table between its
+markers in that file is replaced (the prose around it is kept).
 """
 
 from __future__ import annotations
@@ -36,13 +39,26 @@ VARIANTS = {
     "tie_weights=false": ["model.tie_weights=false"],
     "bias=false": ["model.bias=false"],
 }
-START, END = "<!-- results:start -->", "<!-- results:end -->"
+MODERN = {
+    "configs/cpu.yaml as shipped (RoPE, SwiGLU, AdamW)": [],
+    "qk_norm=true": ["model.qk_norm=true"],
+    "activation=relu2": ["model.activation=relu2"],
+    "zero_init_proj=true": ["model.zero_init_proj=true"],
+    "logit_softcap=30": ["model.logit_softcap=30"],
+    "untied, embed_lr=0.02, head_lr=0.002": ["model.tie_weights=false", "train.embed_lr=0.02", "train.head_lr=0.002"],
+    "optimizer=muon (muon_lr 0.02)": ["train.optimizer=muon"],
+    "optimizer=muon (match_rms_adamw, muon_lr 5e-3)": ["train.optimizer=muon", "train.muon_adjust_lr=match_rms_adamw",
+                                                       "train.muon_lr=5e-3"],
+    "n_experts=4, top-2, ffn_mult=2 (same active parameters)": ["model.n_experts=4", "model.expert_top_k=2",
+                                                                "model.ffn_mult=2"],
+}
+GROUPS = {"classic": (BASELINE, VARIANTS, "results"), "modern": ([], MODERN, "modern")}
 
 
-def run_variant(data: str, config: str, seconds: float, sets: list[str], out: Path) -> dict:
+def run_variant(data: str, config: str, seconds: float, sets: list[str], out: Path, baseline: list[str]) -> dict:
     args = [sys.executable, "-m", "charlm", "train", "--config", config, "--data", data, "--out-dir", str(out),
             "--max-seconds", str(seconds), "--set", "train.max_steps=0", "--json", "--quiet"]
-    for item in BASELINE + sets:
+    for item in baseline + sets:
         args += ["--set", item]
     result = subprocess.run(args, capture_output=True, text=True)
     if result.returncode != 0:
@@ -55,30 +71,34 @@ def main() -> None:
     parser.add_argument("--data", required=True)
     parser.add_argument("--config", default="cpu")
     parser.add_argument("--seconds", type=float, default=45.0)
+    parser.add_argument("--group", choices=sorted(GROUPS), default="classic")
     parser.add_argument("--write", type=Path, help="Markdown file whose result table to replace")
     args = parser.parse_args()
+    baseline, variants, marker = GROUPS[args.group]
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for i, (name, sets) in enumerate(VARIANTS.items()):
-            s = run_variant(args.data, args.config, args.seconds, sets, Path(tmp) / f"v{i}")
+        for i, (name, sets) in enumerate(variants.items()):
+            s = run_variant(args.data, args.config, args.seconds, sets, Path(tmp) / f"v{i}", baseline)
             rows.append((name, s))
             print(f"{name:48s} full-val {s['full_val_loss']:.4f} nats/char  {s['tokens_per_s']:>8,.0f} tokens/s  "
                   f"{s['steps']:>5} steps  {s['params']:>9,} params", flush=True)
     base = rows[0][1]["full_val_loss"]
     table = [
         f"{datetime.date.today().isoformat()} · {machine()} · `{args.config}` shape, {args.seconds:g} s of training "
-        f"each, seed 1337 · `python scripts/compare_architectures.py --data ... --seconds {args.seconds:g}`", "",
+        f"each, seed 1337 · `python scripts/compare_architectures.py --data ... --seconds {args.seconds:g} "
+        f"--group {args.group}`", "",
         "| variant | full-val loss (nats/char) | vs baseline | tokens/s | steps | parameters |",
         "|---|---|---|---|---|---|",
         *(f"| {name} | {s['full_val_loss']:.4f} | {s['full_val_loss'] - base:+.4f} | {s['tokens_per_s']:,.0f} | "
           f"{s['steps']:,} | {s['params']:,} |" for name, s in rows),
     ]
     if args.write:
+        start, end = f"<!-- {marker}:start -->", f"<!-- {marker}:end -->"
         text = args.write.read_text()
-        head, rest = text.split(START, 1)
-        tail = rest.split(END, 1)[1]
-        args.write.write_text(head + START + "\n" + "\n".join(table) + "\n" + END + tail)
+        head, rest = text.split(start, 1)
+        tail = rest.split(end, 1)[1]
+        args.write.write_text(head + start + "\n" + "\n".join(table) + "\n" + end + tail)
         print(f"wrote the table into {args.write}")
 
 

@@ -5,7 +5,7 @@ import sys
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from charlm.config import reference_markdown  # noqa: E402
+from charlm.config_docs import reference_markdown  # noqa: E402
 
 target = Path(__file__).resolve().parents[1] / "docs" / "config.md"
 target.write_text(reference_markdown(), encoding="utf-8")

@@ -44,7 +44,7 @@ def test_two_ranks_train_resume_and_leave_one_set_of_files(tmp_path, corpus):
     assert first.returncode == 0, first.stderr
     summary = json.loads(first.stdout.strip().splitlines()[-1])
     assert summary["world_size"] == 2 and summary["global_batch"] == 2 * 16
-    assert sorted(p.name for p in run.iterdir()) == ["best.pt", "config.yaml", "last.pt", "metrics.jsonl"]
+    assert sorted(p.name for p in run.iterdir()) == ["best.pt", "config.yaml", "last.pt", "metrics.jsonl", "summary.json"]
     assert [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()] == [10, 20]
     assert first.stdout.count('"best_val_loss"') == 1  # rank 0 alone prints the summary
 
@@ -69,14 +69,16 @@ def test_a_single_process_checkpoint_resumes_under_torchrun(tmp_path, corpus):
     assert load_checkpoint(run / "last.pt").step == 16
 
 
-def test_two_ranks_of_batch_b_equal_one_process_of_batch_2b_after_one_step(tmp_path, corpus):
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_two_ranks_of_batch_b_equal_one_process_of_batch_2b_after_one_step(tmp_path, corpus, optimizer):
     batch = 4
-    sets = ["--set", f"train.batch_size={batch}", "--set", "train.warmup_steps=0", "--set", "train.lr=1e-2"]
+    sets = ["--set", f"train.batch_size={batch}", "--set", "train.warmup_steps=0", "--set", "train.lr=1e-2",
+            "--set", f"train.optimizer={optimizer}"]
     result = torchrun("train", *TINY, *sets, "--data", corpus, "--out-dir", tmp_path / "ddp", "--max-steps", "1")
     assert result.returncode == 0, result.stderr
     ddp_weights = load_checkpoint(tmp_path / "ddp" / "last.pt").state["model"]
 
-    # one process, batch 2B: the windows rank 0 and rank 1 drew, the same initial weights, one AdamW step
+    # one process, batch 2B: the windows rank 0 and rank 1 drew, the same initial weights, one optimizer step
     config = load_config("tiny", [s for s in sets + TINY[2:] if s != "--set"] + [f"data.path={corpus}"])
     corpus_ids = Corpus.from_file(corpus, config.data.val_fraction)
     seed_everything(config.train.seed)

@@ -1,0 +1,102 @@
+"""Optimizers as config (train.optimizer): AdamW alone, or Muon for the blocks' weight matrices with AdamW for the rest.
+
+Every parameter group carries `lr_scale`, its learning rate as a multiple of train.lr, so that the one schedule
+(charlm.schedule) drives every group: lr of a group = schedule's lr x lr_scale.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from charlm.config import TrainConfig
+
+
+class Optimizers:
+    """Several torch optimizers stepped as one (Muon and AdamW), with one state dict."""
+
+    def __init__(self, optimizers: list[torch.optim.Optimizer]):
+        self.optimizers = optimizers
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        return [group for opt in self.optimizers for group in opt.param_groups]
+
+    def set_lr(self, lr: float) -> None:
+        for group in self.param_groups:
+            group["lr"] = lr * group["lr_scale"]
+
+    def step(self) -> None:
+        for opt in self.optimizers:
+            opt.step()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for opt in self.optimizers:
+            opt.zero_grad(set_to_none=set_to_none)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"optimizers": [opt.state_dict() for opt in self.optimizers]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Also reads the single AdamW state of checkpoints written before train.optimizer existed."""
+        states = state["optimizers"] if "optimizers" in state else [state]
+        if len(states) != len(self.optimizers):
+            raise ValueError(f"the checkpoint has {len(states)} optimizer state(s), this run {len(self.optimizers)}")
+        for opt, saved in zip(self.optimizers, states):
+            opt.load_state_dict(saved)
+            for group in opt.param_groups:
+                group.setdefault("lr_scale", 1.0)
+
+
+def make_optimizer(model: nn.Module, tc: TrainConfig, device: torch.device) -> Optimizers:
+    """AdamW for everything, or Muon for the blocks' 2-D weights and AdamW for embeddings, head, norms and biases.
+
+    AdamW decays matrices only (not biases, norms) unless train.decay is `all`; embeddings and the untied head take
+    train.embed_lr / train.head_lr when set. Fused AdamW kernels where the device has them.
+    """
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    muon = tc.optimizer == "muon"
+    hidden = [p for n, p in named if muon and _is_hidden_matrix(n, p)]
+    taken = {id(p) for p in hidden}
+    rest = [(n, p) for n, p in named if id(p) not in taken]
+    groups = _adamw_groups(rest, tc)
+    optimizers = [_adamw(groups, tc, device)]
+    if hidden:
+        muon_group = {"params": hidden, "lr": tc.muon_lr, "lr_scale": tc.muon_lr / tc.lr}
+        optimizers.insert(0, torch.optim.Muon([muon_group], lr=tc.muon_lr, weight_decay=tc.muon_weight_decay,
+                                              momentum=tc.muon_momentum, ns_steps=tc.muon_ns_steps,
+                                              adjust_lr_fn=tc.muon_adjust_lr))
+    return Optimizers(optimizers)
+
+
+def _is_hidden_matrix(name: str, p: torch.Tensor) -> bool:
+    """The Transformer blocks' weight matrices (Q/K/V, W_O, feed-forward; not a mixture's router)."""
+    return name.startswith("blocks.") and p.dim() == 2 and ".router." not in name
+
+
+def _adamw_groups(named: list[tuple[str, torch.Tensor]], tc: TrainConfig) -> list[dict[str, Any]]:
+    decayed = (lambda p: True) if tc.decay == "all" else (lambda p: p.dim() >= 2)
+    special = {"tok_emb.": tc.embed_lr, "pos_emb.": tc.embed_lr, "head.weight": tc.head_lr}
+    groups: list[dict[str, Any]] = []
+    for prefix, lr in special.items():
+        params = [p for n, p in named if n.startswith(prefix)] if lr is not None else []
+        if params:
+            groups.append({"params": params, "weight_decay": tc.weight_decay if decayed(params[0]) else 0.0,
+                           "lr": lr, "lr_scale": lr / tc.lr})
+    taken = {id(p) for g in groups for p in g["params"]}
+    rest = [p for _, p in named if id(p) not in taken]
+    groups += [
+        {"params": [p for p in rest if decayed(p)], "weight_decay": tc.weight_decay, "lr_scale": 1.0},
+        {"params": [p for p in rest if not decayed(p)], "weight_decay": 0.0, "lr_scale": 1.0},
+    ]
+    return groups
+
+
+def _adamw(groups: list[dict[str, Any]], tc: TrainConfig, device: torch.device) -> torch.optim.AdamW:
+    betas = (tc.beta1, tc.beta2)
+    try:
+        return torch.optim.AdamW(groups, lr=tc.lr, betas=betas, fused=device.type in ("cuda", "cpu", "mps"))
+    except (RuntimeError, TypeError):
+        return torch.optim.AdamW(groups, lr=tc.lr, betas=betas)

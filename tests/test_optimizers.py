@@ -1,0 +1,71 @@
+"""train.optimizer: Muon for the blocks' matrices and AdamW for the rest; trains, resumes exactly, keeps old states."""
+
+import json
+
+import pytest
+import torch
+
+from charlm.checkpoint import load_checkpoint
+from charlm.config import load_config
+from charlm.model import GPT
+from charlm.optim import make_optimizer
+from conftest import SMALL, run_cli
+
+MUON = ["--set", "train.optimizer=muon"]
+
+
+def _metrics(run):
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_muon_takes_the_block_matrices_and_adamw_the_rest():
+    config = load_config("tiny", ["train.optimizer=muon", "model.tie_weights=false", "train.embed_lr=0.01",
+                                  "train.head_lr=0.002"])
+    model = GPT(config.model, 10)
+    opt = make_optimizer(model, config.train, torch.device("cpu"))
+    muon, adamw = opt.optimizers
+    names = {id(p): n for n, p in model.named_parameters()}
+    in_muon = {names[id(p)] for g in muon.param_groups for p in g["params"]}
+    assert in_muon == {n for n, p in model.named_parameters() if n.startswith("blocks.") and p.dim() == 2}
+    lrs = {names[id(p)]: g["lr_scale"] * config.train.lr for g in adamw.param_groups for p in g["params"]}
+    assert lrs["tok_emb.weight"] == pytest.approx(0.01) and lrs["head.weight"] == pytest.approx(0.002)
+    assert lrs["ln_f.weight"] == pytest.approx(config.train.lr)
+    opt.set_lr(config.train.lr / 2)  # the schedule halves every group's lr together
+    assert muon.param_groups[0]["lr"] == pytest.approx(config.train.muon_lr / 2)
+
+
+def test_a_tiny_model_trains_with_muon(tmp_path, corpus):
+    result = run_cli("train", *SMALL, *MUON, "--data", corpus, "--out-dir", tmp_path / "r", "--max-steps", "60",
+                     "--json", check=True)
+    losses = [m["val_loss"] for m in _metrics(tmp_path / "r")]
+    assert losses[-1] < losses[0] - 0.3 and json.loads(result.stdout)["full_val_loss"] < 3.0
+
+
+def test_muon_resume_is_exact(tmp_path, corpus):
+    common = ["train", *SMALL, *MUON, "--data", corpus, "--set", "train.eval_interval=1", "--quiet"]
+    run_cli(*common, "--out-dir", tmp_path / "straight", "--max-steps", "12", check=True)
+    run_cli(*common, "--out-dir", tmp_path / "split", "--max-steps", "6", check=True)
+    run_cli(*common, "--out-dir", tmp_path / "split", "--max-steps", "12", "--resume", check=True)
+    straight, split = _metrics(tmp_path / "straight"), _metrics(tmp_path / "split")
+    assert [m["step_loss"] for m in straight] == [m["step_loss"] for m in split]
+    a = load_checkpoint(tmp_path / "straight" / "last.pt").state["model"]
+    b = load_checkpoint(tmp_path / "split" / "last.pt").state["model"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_an_adamw_state_from_before_train_optimizer_still_loads():
+    config = load_config("tiny")
+    model = GPT(config.model, 10)
+    old = torch.optim.AdamW([{"params": [p for p in model.parameters() if p.dim() >= 2], "weight_decay": 0.1},
+                             {"params": [p for p in model.parameters() if p.dim() < 2], "weight_decay": 0.0}])
+    model(torch.zeros(1, 4, dtype=torch.long), torch.zeros(1, 4, dtype=torch.long))[1].backward()
+    old.step()
+    new = make_optimizer(model, config.train, torch.device("cpu"))
+    new.load_state_dict(old.state_dict())
+    assert all(g["lr_scale"] == 1.0 for g in new.param_groups) and len(new.optimizers[0].state) > 0
+
+
+def test_switching_optimizer_on_resume_is_refused(tmp_path, corpus):
+    run_cli("train", *SMALL, "--data", corpus, "--out-dir", tmp_path / "r", "--max-steps", "5", check=True)
+    result = run_cli("train", "--resume", "--out-dir", tmp_path / "r", *MUON)
+    assert result.returncode == 2 and "train.optimizer" in result.stderr and "'adamw'" in result.stderr
