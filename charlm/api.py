@@ -46,7 +46,8 @@ class Model:
 
     # -- generation --------------------------------------------------------------------------
 
-    def encode_prompt(self, prompt: str, unknown: UnknownPolicy = "error", replace_with: str | None = None) -> list[int]:
+    def encode_prompt(self, prompt: str, unknown: UnknownPolicy = "error",
+                      replace_with: str | None = None) -> list[int]:
         """The prompt's ids; characters outside the vocabulary are an error unless `unknown` says skip or replace."""
         return encode_prompt(self.tokenizer, prompt, unknown, replace_with)
 

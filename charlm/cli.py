@@ -2,19 +2,19 @@
 
 from __future__ import annotations
 
-import json
-import signal
 import sys
-from enum import Enum
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.markup import escape
 
 from charlm import __version__
-from charlm.config import DEVICE_NAMES  # no torch behind it: --help stays fast
-from charlm.errors import USAGE_EXIT, CharlmError, Interrupted, UsageError
+from charlm.cli_support import (
+    CHECKPOINT_HELP, DEVICE_HELP, ConfigOption, DeviceOption, SetOption, Split, State, Unknown, check_replacement,
+    checkpoint_path, complete_device, needs_torch, pick_indices, print_json, remover_if_created, run_app,
+    write_flushed,
+)
+from charlm.errors import UsageError
 
 EXIT_CODES_HELP = "Exit codes: 0 ok, 1 runtime failure, 2 usage or config error, 130/143 interrupted (SIGINT/SIGTERM)."
 
@@ -27,49 +27,6 @@ app = typer.Typer(
     rich_markup_mode="rich",
     context_settings={"help_option_names": ["-h", "--help"]},
 )
-
-
-class State:
-    debug = False
-
-
-# Fixed choices as Enums: --help lists them and the shell completes them.
-Split = Enum("Split", {name: name for name in ("val", "train", "all")}, type=str)
-Unknown = Enum("Unknown", {name: name for name in ("error", "skip", "replace")}, type=str)
-
-
-DEVICES = ("auto", "cpu", "cuda", "mps")
-DEVICE_HELP = f"{DEVICE_NAMES}."
-
-
-def _complete_device(incomplete: str) -> list[str]:
-    return [d for d in DEVICES if d.startswith(incomplete)]
-
-
-ConfigOption = Annotated[Optional[str], typer.Option(
-    "--config", "-c", help="YAML config file, or a shipped config's name (tiny, cpu, notebook, gpu). Default: cpu.")]
-SetOption = Annotated[Optional[list[str]], typer.Option(
-    "--set", help="Override one key: section.key=value (repeatable), e.g. --set train.lr=3e-4.")]
-DeviceOption = Annotated[str, typer.Option(help=DEVICE_HELP, autocompletion=_complete_device)]
-
-
-def _needs_torch() -> None:
-    """Commands that run a model check torch first; --help, config and download never import it."""
-    from charlm.device import require_torch
-
-    require_torch()
-
-
-def _checkpoint_path(given: Optional[str]) -> Path:
-    """The checkpoint given (a file or a run folder), else the newest run's best.pt, said on stderr."""
-    from charlm.checkpoint import checkpoint_file, newest_checkpoint
-    from charlm.progress import stderr_console
-
-    if given is not None:
-        return checkpoint_file(given)
-    path = newest_checkpoint()
-    stderr_console().print(f"using {path} (newest run)", markup=False)
-    return path
 
 
 def _version(value: bool) -> None:
@@ -85,11 +42,6 @@ def root(
     debug: Annotated[bool, typer.Option("--debug", help="Show the Python traceback when something fails.")] = False,
 ) -> None:
     State.debug = debug
-
-
-def _print_json(obj: dict) -> None:
-    sys.stdout.write(json.dumps(obj) + "\n")
-    sys.stdout.flush()
 
 
 # ---------------------------------------------------------------------------- download
@@ -132,7 +84,7 @@ def train(
     data: Annotated[Optional[str], typer.Option(help="UTF-8 text file to train on (data.path).")] = None,
     out_dir: Annotated[Optional[Path], typer.Option(help="Run folder. Default: runs/<config name>.")] = None,
     device: Annotated[Optional[str], typer.Option(help=f"{DEVICE_HELP} (train.device)",
-                                                  autocompletion=_complete_device)] = None,
+                                                  autocompletion=complete_device)] = None,
     max_steps: Annotated[Optional[int], typer.Option(help="Optimizer steps at most (train.max_steps).")] = None,
     max_seconds: Annotated[Optional[float], typer.Option(
         help="Training time budget in seconds (train.max_seconds).")] = None,
@@ -145,7 +97,7 @@ def train(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar or evaluation lines.")] = False,
 ) -> None:
     """Train a model; with no options, trains configs/cpu.yaml on tiny-shakespeare (downloaded when missing)."""
-    _needs_torch()
+    needs_torch()
     from charlm.progress import TrainReporter
     from charlm.report import print_train_summary
     from charlm.config import DEFAULT_CONFIG
@@ -161,32 +113,18 @@ def train(
     }
     settings, changes = requested_config(config, set_ or [], options, resume)
     run_dir = out_dir or Path("runs") / Path(config or DEFAULT_CONFIG).stem
-    with StopSignals(before_exit=_remover_if_created(run_dir)) as stop:
+    with StopSignals(before_exit=remover_if_created(run_dir)) as stop:
         summary = run_training(settings, run_dir, resume=resume, overwrite=overwrite, resume_changes=changes,
                                reporter=TrainReporter(quiet), stop=stop)
     if summary is None:  # a rank other than 0 under torchrun: rank 0 reports
         return
     if json_out:
-        _print_json(summary.to_dict())
+        print_json(summary.to_dict())
     else:
         print_train_summary(summary)
 
 
-def _remover_if_created(folder: Path):
-    """Removes `folder` if this command created it and it is still empty (for an exit before training starts)."""
-    existed = folder.exists()
-
-    def remove() -> None:
-        if not existed and folder.is_dir() and not any(folder.iterdir()):
-            folder.rmdir()
-
-    return remove
-
-
 # ---------------------------------------------------------------------------- eval
-
-
-CHECKPOINT_HELP = "Checkpoint file or run folder (its best.pt). Default: the newest runs/*/best.pt."
 
 
 @app.command("eval")
@@ -206,16 +144,16 @@ def eval_(
                                                            "split, file.")] = False,
 ) -> None:
     """Score a checkpoint on text in one deterministic full pass: nats/char, bits/char, perplexity."""
-    _needs_torch()
+    needs_torch()
     from charlm.api import load
     from charlm.report import print_eval_result
 
-    _check_replacement(replace_with)
-    model = load(_checkpoint_path(checkpoint), device)  # a bad checkpoint is reported before a bad text
+    check_replacement(replace_with)
+    model = load(checkpoint_path(checkpoint), device)  # a bad checkpoint is reported before a bad text
     result = model.evaluate(Path(data) if data else None, split.value if split else None, unknown.value,
                             replace_with, batch_size)
     if json_out:
-        _print_json(result.to_dict())
+        print_json(result.to_dict())
     else:
         print_eval_result(result)
 
@@ -255,14 +193,14 @@ def sample_(
         "--json", help='Print one JSON object: {"samples": [...], "chars_per_s": ...}.')] = False,
 ) -> None:
     """Generate text from a checkpoint, continuing a prompt (KV-cached; temperature, top-k, top-p, stop strings)."""
-    _needs_torch()
+    needs_torch()
     from charlm.api import check_sample_options, load
     from charlm.data import read_prompt
 
     if prompt is not None and prompt_file is not None:
         raise UsageError("give --prompt or --prompt-file, not both")
-    _check_replacement(replace_with)
-    model = load(_checkpoint_path(checkpoint), device)  # a bad checkpoint is reported before a bad prompt
+    check_replacement(replace_with)
+    model = load(checkpoint_path(checkpoint), device)  # a bad checkpoint is reported before a bad prompt
     text = read_prompt(prompt_file) if prompt_file is not None else ("\n" if prompt is None else prompt)
     options = check_sample_options(model.config, max_new_tokens=max_new_tokens, temperature=temperature,
                                    top_k=top_k, top_p=top_p, seed=seed, stop=stop or [], num_samples=num_samples,
@@ -270,10 +208,10 @@ def sample_(
     prompt_ids = model.encode_prompt(text, unknown.value, replace_with)
     streaming = not json_out and num_samples == 1 and (stream if stream is not None else sys.stdout.isatty())
     if streaming:
-        _write_flushed(model.tokenizer.decode(prompt_ids))  # the prompt as the model sees it
-    result = model.sample(prompt_ids, options, on_text=_write_flushed if streaming else None)
+        write_flushed(model.tokenizer.decode(prompt_ids))  # the prompt as the model sees it
+    result = model.sample(prompt_ids, options, on_text=write_flushed if streaming else None)
     if json_out:
-        _print_json({"samples": result.samples, "chars_per_s": result.chars_per_s})
+        print_json({"samples": result.samples, "chars_per_s": result.chars_per_s})
     elif streaming:
         sys.stdout.write("\n")
     else:
@@ -281,16 +219,6 @@ def sample_(
             if num_samples > 1:
                 sys.stdout.write(f"--- sample {i + 1} ---\n")
             sys.stdout.write(sample_text + "\n")
-
-
-def _check_replacement(replace_with: Optional[str]) -> None:
-    if replace_with is not None and len(replace_with) != 1:
-        raise UsageError(f"--replace-with takes one character, got {replace_with!r}")
-
-
-def _write_flushed(text: str) -> None:
-    sys.stdout.write(text)
-    sys.stdout.flush()
 
 
 # ---------------------------------------------------------------------------- info
@@ -309,7 +237,7 @@ def info(
         "--json", help="Print one JSON object (total_params, flops_per_token, components).")] = False,
 ) -> None:
     """Parameters per component and training FLOPs per token, each beside its formula."""
-    _needs_torch()
+    needs_torch()
     from charlm import config as cfg
     from charlm.checkpoint import RUNS_DIR, load_checkpoint
     from charlm.info import model_info
@@ -318,7 +246,7 @@ def info(
     if checkpoint is not None and (config is not None or set_):
         raise UsageError("give a checkpoint or --config/--set, not both")
     if checkpoint is None and config is None and not set_ and any(RUNS_DIR.glob("**/best.pt")):
-        checkpoint = str(_checkpoint_path(None))
+        checkpoint = str(checkpoint_path(None))
     if checkpoint is not None:
         ckpt = load_checkpoint(checkpoint)
         ckpt.build_model()  # the same checks as eval and sample: shapes, vocabulary, finite weights
@@ -328,7 +256,7 @@ def info(
         vocab, title = vocab_size, f"{config or cfg.DEFAULT_CONFIG} (vocabulary {vocab_size})"
     result = model_info(model_config, vocab)
     if json_out:
-        _print_json(result.to_dict())
+        print_json(result.to_dict())
     else:
         print_model_info(result, title)
 
@@ -341,38 +269,32 @@ def attention(
     checkpoint: Annotated[Optional[str], typer.Argument(help=CHECKPOINT_HELP, show_default=False)] = None,
     prompt: Annotated[str, typer.Option(help="Text to look at (at most the model's context length).")] = "ROMEO: ",
     output: Annotated[Path, typer.Option("--output", "-o", help="PNG file to write.")] = Path("attention.png"),
-    layer: Annotated[Optional[list[int]], typer.Option(help="Layer to show (repeatable; 0-based). Default: all.")] = None,
+    layer: Annotated[Optional[list[int]], typer.Option(
+        help="Layer to show (repeatable; 0-based). Default: all.")] = None,
     head: Annotated[Optional[list[int]], typer.Option(help="Head to show (repeatable; 0-based). Default: all.")] = None,
     json_out: Annotated[bool, typer.Option(
         "--json", help='Print {"chars": [...], "layers": [...], "heads": [...], "weights": layers x heads x T x T} '
                        "instead of drawing.")] = False,
 ) -> None:
     """Attention maps: one heatmap per layer and head, the prompt's characters along both axes."""
-    _needs_torch()
+    needs_torch()
     from charlm.api import load
     from charlm.progress import stderr_console
 
-    model = load(_checkpoint_path(checkpoint), "cpu")
+    model = load(checkpoint_path(checkpoint), "cpu")
     weights = model.attention(prompt)  # (L, nh, T, T)
-    layers = _pick("--layer", layer, weights.size(0))
-    heads = _pick("--head", head, weights.size(1))
+    layers = pick_indices("--layer", layer, weights.size(0))
+    heads = pick_indices("--head", head, weights.size(1))
     chars = [model.tokenizer.decode([i]) for i in model.encode_prompt(prompt)]
     if json_out:
         picked = weights[layers][:, heads]
-        _print_json({"chars": chars, "layers": layers, "heads": heads, "weights": picked.tolist()})
+        print_json({"chars": chars, "layers": layers, "heads": heads, "weights": picked.tolist()})
         return
     from charlm.plot import plot_attention
 
     plot_attention(weights, chars, layers, heads, output, f"attention of {model.path} on {prompt!r}")
     stderr_console().print(f"wrote {output} ({len(layers)} layers x {len(heads)} heads, {len(chars)} characters)",
                            markup=False)
-
-
-def _pick(flag: str, chosen: Optional[list[int]], count: int) -> list[int]:
-    bad = [i for i in chosen or [] if not 0 <= i < count]
-    if bad:
-        raise UsageError(f"{flag} {bad[0]} does not exist: the model has {count} (0 to {count - 1})")
-    return list(dict.fromkeys(chosen)) if chosen else list(range(count))
 
 
 # ---------------------------------------------------------------------------- export
@@ -385,13 +307,13 @@ def export_(
         help="Checkpoint file or run folder (default: the newest runs/*/best.pt), then the folder to write.")],
 ) -> None:
     """Write a model anyone can load without unpickling: model.safetensors, config.json, vocab.json, README.md."""
-    _needs_torch()
+    needs_torch()
     from charlm.api import export
     from charlm.progress import stderr_console
 
     if len(paths) > 2:
         raise UsageError(f"charlm export takes [CKPT] DIR, got {len(paths)} paths")
-    source = _checkpoint_path(paths[0] if len(paths) == 2 else None)
+    source = checkpoint_path(paths[0] if len(paths) == 2 else None)
     written = export(source, Path(paths[-1]))
     stderr_console().print(f"exported {source} to {paths[-1]}: {', '.join(p.name for p in written)}", markup=False)
 
@@ -440,47 +362,5 @@ def config_(
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Run the CLI: one clear line on stderr and an exit code for every failure; a traceback only with --debug."""
-    from charlm.progress import stderr_console
-
-    console = stderr_console()
-    signal.signal(signal.SIGTERM, _terminated)  # training installs its own handler; this covers start-up
-    try:
-        code = app(args=argv, prog_name="charlm", standalone_mode=False)
-    except typer.Abort:
-        console.print("[red]interrupted[/red]")
-        code = 130
-    except CharlmError as e:
-        if isinstance(e, Interrupted):  # leaving anyway: a repeated Ctrl-C must not kill us mid-exit
-            for signum in (signal.SIGINT, signal.SIGTERM):
-                signal.signal(signum, signal.SIG_IGN)
-        if State.debug:
-            raise
-        console.print(f"[red]error:[/red] {escape(str(e))}")
-        for line in e.details:
-            console.print(f"  - {line}", markup=False)
-        code = e.exit_code
-    except KeyboardInterrupt:
-        console.print("[red]interrupted[/red]")
-        code = 130
-    except Exception as e:
-        if _is_click_usage_error(e):  # bad flag or argument, as the parser found it
-            where = e.ctx.command_path if getattr(e, "ctx", None) else "charlm"
-            console.print(f"[red]error:[/red] {escape(e.format_message())} (see '{where} --help')")
-            code = USAGE_EXIT
-        elif State.debug:
-            raise
-        else:
-            console.print(f"[red]internal error:[/red] {escape(f'{type(e).__name__}: {e}')} "
-                          "(rerun with --debug for the traceback)")
-            code = 1
-    sys.exit(code or 0)
-
-
-def _terminated(signum: int, frame: object) -> None:
-    raise Interrupted("SIGTERM received before any work was done; nothing was written", signum)
-
-
-def _is_click_usage_error(e: Exception) -> bool:
-    # typer >= 0.26 vendors click, so match the class by name rather than import one of two copies
-    return any(cls.__name__ == "UsageError" for cls in type(e).__mro__) and hasattr(e, "format_message")
+    """The console script `charlm` (and `python -m charlm`)."""
+    run_app(app, argv)

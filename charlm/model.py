@@ -63,7 +63,9 @@ class KVCache:
 
 def explicit_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
                        dropout: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
-    """softmax(Q Kᵀ / √d_head + M) V, one step per line. Returns the output (B, nh, T, hd) and the weights (B, nh, T, S).
+    """softmax(Q Kᵀ / √d_head + M) V, one step per line.
+
+    Returns the output (B, nh, T, hd) and the weights (B, nh, T, S).
 
     mask: True where a query may attend (T, S), or an additive bias (nh, T, S) with -inf where it may not (ALiBi).
     """

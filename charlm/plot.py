@@ -46,11 +46,11 @@ def plot_attention(weights, chars: list[str], layers: list[int], heads: list[int
     """A grid of heatmaps, one per (layer, head): query characters down, key characters across."""
     plt = _pyplot()
     T = len(chars)
-    cell = max(2.2, min(7.0, 0.12 * T + 1.2))  # inches per heatmap: room for T labels
+    cell = max(2.2, min(12.0, 0.14 * T + 1.5))  # inches per heatmap: room for T labels of at least 5 pt
     fig, axes = plt.subplots(len(layers), len(heads), figsize=(cell * len(heads), cell * len(layers)),
                              squeeze=False, constrained_layout=True)
     labels = [shown_char(c) for c in chars]
-    font = max(4, min(9, 260 // max(T, 1)))
+    font = max(5, min(9, 360 // max(T, 1)))
     for r, layer in enumerate(layers):
         for c, head in enumerate(heads):
             ax = axes[r][c]

@@ -73,7 +73,8 @@ class LRSchedule:
                                             f"{tc.max_seconds:g} s" if tc.max_seconds else "") if b)
             rule = f"{tc.lr_schedule} decay from {tc.lr:g} to {tc.min_lr:g} over {budget}"
             other = "plateau"
-        stop = f"; early stop after {tc.early_stop_patience} checks without improvement" if tc.early_stop_patience else ""
+        stop = (f"; early stop after {tc.early_stop_patience} checks without improvement"
+                if tc.early_stop_patience else "")
         return f"lr schedule: {warmup}{rule}{stop} (switch with --set train.lr_schedule={other})"
 
     def state_dict(self) -> dict[str, Any]:
@@ -82,7 +83,8 @@ class LRSchedule:
     def load_state_dict(self, state: dict[str, Any], current_lr: float) -> None:
         """Restore the plateau state; also reads the torch ReduceLROnPlateau state of checkpoints before this module."""
         if "num_bad_epochs" in state:  # written by torch.optim.lr_scheduler.ReduceLROnPlateau
-            self.plateau = PlateauState(lr=current_lr, best=float(state["best"]), bad_checks=int(state["num_bad_epochs"]))
+            self.plateau = PlateauState(lr=current_lr, best=float(state["best"]),
+                                        bad_checks=int(state["num_bad_epochs"]))
         else:
             self.plateau = PlateauState(lr=float(state["lr"]), best=float(state["best"]),
                                         bad_checks=int(state["bad_checks"]))
