@@ -127,8 +127,8 @@ def export(checkpoint: str | Path, out_dir: str | Path) -> list[Path]:
     return write_export(ckpt, Path(out_dir), model_card(ckpt, params, scores, sample_text, Path(out_dir)))
 
 
-def check_sample_options(config: Config, **given: Any) -> SampleOptions:
-    """The checkpoint's sample settings with the given ones on top, each checked (the CLI's flags and generate())."""
+def check_sample_flags(**given: Any) -> None:
+    """Refuse out-of-range sampling options, each in the words of its command-line flag (no model needed)."""
     if given.get("top_p") is not None and not 0.0 < given["top_p"] <= 1.0:
         raise UsageError(f"--top-p must be in (0, 1], got {given['top_p']} (1 keeps every character)")
     for name, low in (("temperature", 0.0), ("max_new_tokens", 0), ("top_k", 1)):
@@ -136,6 +136,11 @@ def check_sample_options(config: Config, **given: Any) -> SampleOptions:
             raise UsageError(f"--{name.replace('_', '-')} must be >= {low}, got {given[name]}")
     if any(s == "" for s in given.get("stop") or []):
         raise UsageError("--stop needs a non-empty string")
+
+
+def check_sample_options(config: Config, **given: Any) -> SampleOptions:
+    """The checkpoint's sample settings with the given ones on top, each checked (the CLI's flags and generate())."""
+    check_sample_flags(**given)
     return SampleOptions.from_config(config.sample, **given)
 
 

@@ -194,12 +194,13 @@ def sample_(
 ) -> None:
     """Generate text from a checkpoint, continuing a prompt (KV-cached; temperature, top-k, top-p, stop strings)."""
     needs_torch()
-    from charlm.api import check_sample_options, load
+    from charlm.api import check_sample_flags, check_sample_options, load
     from charlm.data import read_prompt
 
     if prompt is not None and prompt_file is not None:
         raise UsageError("give --prompt or --prompt-file, not both")
     check_replacement(replace_with)
+    check_sample_flags(top_p=top_p, stop=stop)  # flag mistakes first, before looking for a checkpoint
     model = load(checkpoint_path(checkpoint), device)  # a bad checkpoint is reported before a bad prompt
     text = read_prompt(prompt_file) if prompt_file is not None else ("\n" if prompt is None else prompt)
     options = check_sample_options(model.config, max_new_tokens=max_new_tokens, temperature=temperature,
