@@ -1,7 +1,7 @@
 """Benchmark harness: training speed, achieved FLOP/s against the machine's matmul peak, time to a loss, memory,
 and sampling speed, for one config, through the real CLI.
 
-    python scripts/bench.py --config cpu --data ../shared/data/tinyshakespeare.txt --target-loss 1.65 --record
+    python scripts/bench.py --config cpu --data data/tinyshakespeare.txt --target-loss 1.65 --record
     python scripts/bench.py --config tiny --data ... --set model.n_layer=4 --set train.max_steps=600 --record
     python scripts/bench.py --default-recipe --data data/tinyshakespeare.txt --record
 
