@@ -123,7 +123,7 @@ def export(checkpoint: str | Path, out_dir: str | Path) -> list[Path]:
     except UsageError:  # the training corpus is not here: the card says so
         scores = None
     sample_text = model.generate("\n", max_new_tokens=300, seed=1).strip("\n")
-    params = sum(p.numel() for p in model.module.parameters())
+    params = model.module.num_params()
     return write_export(ckpt, Path(out_dir), model_card(ckpt, params, scores, sample_text, Path(out_dir)))
 
 

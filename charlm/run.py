@@ -237,7 +237,7 @@ def _summarize(trainer: Trainer, reason: str, wall_start: float) -> TrainSummary
         best_val_loss=trainer.best_val, full_val_loss=full.loss, full_val_bpc=full.bpc, steps=trainer.step,
         tokens=trainer.tokens, wall_s=time.perf_counter() - wall_start, train_s=trainer.train_s,
         eval_s=trainer.eval_s, compile_s=trainer.compile_s, tokens_per_s=trainer.tokens_per_s,
-        stop_reason=reason, params=sum(p.numel() for p in trainer.model.parameters()), device=str(device),
+        stop_reason=reason, params=trainer.model.num_params(), device=str(device),
         out_dir=str(trainer.out_dir), peak_memory_mb=peak_memory_mb(device), world_size=trainer.dist.world_size,
         global_batch=trainer.global_batch,
     )
