@@ -6,6 +6,7 @@ The commands use these same functions, so a notebook and the command line give t
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -15,20 +16,20 @@ import torch
 from charlm import config as cfg
 from charlm.checkpoint import Checkpoint, load_checkpoint
 from charlm.config import Config
-from charlm.data import encode_compact, read_text, split_text
+from charlm.data import Corpus, encode_compact
 from charlm.device import pick_device
 from charlm.errors import UsageError
 from charlm.evaluate import EvalResult, full_pass
 from charlm.generate import SampleOptions, SampleResult, encode_prompt, sample
 from charlm.info import ModelInfo, model_info
 from charlm.model import GPT
-from charlm.tokenizer import CharTokenizer, UnknownPolicy
+from charlm.tokenizer import Tokenizer, UnknownPolicy
 
 
 class Model:
     """A trained model ready to use: `generate`, `evaluate`, `info`; `module` is the plain torch.nn.Module."""
 
-    def __init__(self, module: GPT, tokenizer: CharTokenizer, config: Config, path: Path):
+    def __init__(self, module: GPT, tokenizer: Tokenizer, config: Config, path: Path):
         self.module, self.tokenizer, self.config, self.path = module, tokenizer, config, path
 
     @classmethod
@@ -68,29 +69,36 @@ class Model:
 
     def evaluate(self, text_or_path: str | Path | None = None, split: str | None = None,
                  unknown: UnknownPolicy = "error", replace_with: str | None = None,
-                 batch_size: int = 64) -> EvalResult:
-        """Loss (nats/char), bits/char and perplexity in one deterministic pass.
+                 batch_size: int = 64, stride: int | None = None) -> EvalResult:
+        """Loss (nats per character, or per byte for a byte model), bits and perplexity in one deterministic pass.
 
-        A Path, or a one-line string naming an existing file, is read as a file; any other string is the text itself;
-        None is the model's own corpus. `split` (train, val, all) defaults to val of the model's own corpus and to all
-        of anything else.
+        A Path, or a one-line string naming an existing file or folder, is read as a corpus (prepared once, then
+        memory-mapped); any other string is the text itself; None is the model's own corpus. `split` (train, val,
+        test, all) defaults to val of the model's own corpus and to all of anything else. `stride` (1..block_size)
+        overlaps the windows so that each scored token sees at least block_size - stride earlier ones.
         """
-        own = self.config.data.path
+        own, data = self.config.data.path, self.config.data
         if text_or_path is None or _names_a_file(text_or_path):
             path = str(text_or_path if text_or_path is not None else own)
-            text, source = read_text(path), path
             split = split or ("val" if _same_file(path, own) else "all")
+            source = dataclasses.replace(data, path=path)
+            corpus = Corpus.from_config(source, self.tokenizer, unknown, replacement=replace_with)
         else:
-            text, source, split = str(text_or_path), "<text>", split or "all"
-        if split not in ("train", "val", "all"):
-            raise UsageError(f"split must be train, val or all, got {split!r}")
-        if split != "all":
-            text = split_text(text, self.config.data.val_fraction)[0 if split == "train" else 1]
-        ids = encode_compact(self.tokenizer.encode(text, unknown, replace_with), self.tokenizer.vocab_size)
+            source_name, split = "<text>", split or "all"
+            ids = encode_compact(self.tokenizer.encode(str(text_or_path), unknown, replace_with),
+                                 self.tokenizer.vocab_size)
+            corpus = Corpus.from_ids(ids, self.tokenizer, data, source_name) if split != "all" else \
+                Corpus(self.tokenizer, ids, ids[:0], ids[:0], source_name, ids)
+        if split not in ("train", "val", "test", "all"):
+            raise UsageError(f"split must be train, val, test or all, got {split!r}")
+        ids = corpus.split(split)
         if len(ids) < 2:
-            raise UsageError(f"the {split} split of {source} has fewer than 2 characters to score")
-        result = full_pass(self.module, ids, self.config.model.block_size, self.device, batch_size)
-        result.split, result.file = split, source
+            raise UsageError(f"the {split} split of {corpus.source} has fewer than 2 tokens to score")
+        block_size = self.config.model.block_size
+        if stride is not None and not 1 <= stride <= block_size:
+            raise UsageError(f"--stride must be between 1 and the model's context ({block_size}), got {stride}")
+        result = full_pass(self.module, ids, block_size, self.device, batch_size, stride=stride)
+        result.split, result.file, result.unit = split, corpus.source, self.tokenizer.unit
         return result
 
     def attention(self, prompt: str, unknown: UnknownPolicy = "error") -> torch.Tensor:
@@ -145,7 +153,7 @@ def check_sample_options(config: Config, **given: Any) -> SampleOptions:
 
 
 def _names_a_file(value: str | Path) -> bool:
-    return isinstance(value, Path) or ("\n" not in value and len(value) < 4096 and Path(value).is_file())
+    return isinstance(value, Path) or ("\n" not in value and len(value) < 4096 and Path(value).exists())
 
 
 def _same_file(a: str | Path, b: str | Path) -> bool:

@@ -19,7 +19,7 @@ from charlm.config import Config, config_from_dict
 from charlm.errors import UsageError
 from charlm.files import atomic_write
 from charlm.model import GPT
-from charlm.tokenizer import CharTokenizer
+from charlm.tokenizer import Tokenizer, make_tokenizer
 
 FORMAT_VERSION = 1
 REQUIRED_KEYS = ("format_version", "config", "vocab", "model", "step")
@@ -49,7 +49,7 @@ def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
     atomic_write(path, lambda f: torch.save(state, f))
 
 
-def save_training_checkpoint(path: Path, config: Config, tokenizer: CharTokenizer, model: torch.nn.Module,
+def save_training_checkpoint(path: Path, config: Config, tokenizer: Tokenizer, model: torch.nn.Module,
                              training: TrainingState) -> None:
     """A checkpoint that sample, eval and info read, and that `charlm train --resume` continues exactly."""
     save_checkpoint(path, {"config": config.to_dict(), "vocab": tokenizer.chars, "model": model.state_dict(),
@@ -60,7 +60,7 @@ def save_training_checkpoint(path: Path, config: Config, tokenizer: CharTokenize
 class Checkpoint:
     path: Path
     config: Config
-    tokenizer: CharTokenizer
+    tokenizer: Tokenizer
     state: dict[str, Any]  # everything stored, as loaded
 
     @property
@@ -159,5 +159,5 @@ def _check(path: Path, state: Any) -> Checkpoint:
         config = config_from_dict(state["config"], f"checkpoint {path}")
     except UsageError as e:
         raise UsageError(f"checkpoint {path} holds an invalid config: {e}") from None
-    tokenizer = CharTokenizer(state["vocab"])
+    tokenizer = make_tokenizer(config.data.tokenizer, state["vocab"])
     return Checkpoint(path, config, tokenizer, state)

@@ -10,7 +10,8 @@ import typer
 
 from charlm import __version__
 from charlm.cli_support import (
-    CHECKPOINT_HELP, DEVICE_HELP, ConfigOption, DeviceOption, SetOption, Split, State, Unknown, check_replacement,
+    CHECKPOINT_HELP, DEVICE_HELP, ConfigOption, Corpus, DeviceOption, SetOption, Split, State, Unknown,
+    check_replacement,
     checkpoint_path, complete_device, needs_torch, pick_indices, print_json, remover_if_created, run_app,
     write_flushed,
 )
@@ -49,29 +50,39 @@ def root(
 
 @app.command()
 def download(
+    name: Annotated[Corpus, typer.Argument(
+        help="Which corpus: tinyshakespeare (1.1 MB), enwik8 (10^8 bytes of Wikipedia XML) or text8 (10^8 "
+             "cleaned characters); each archive's SHA-256 is pinned.", show_default=True)] = Corpus.tinyshakespeare,
     url: Annotated[Optional[str], typer.Option(
-        help="http://, https:// or file:// URL. Default: $CHARLM_DATA_URL, else tiny-shakespeare's canonical "
+        help="http://, https:// or file:// URL of a mirror (it must hold the same bytes) or of another text. Default: "
+             "$CHARLM_DATA_URL (tinyshakespeare), $CHARLM_ENWIK8_URL, $CHARLM_TEXT8_URL, else the canonical "
              "URL.")] = None,
-    dest: Annotated[Path, typer.Option(help="Where to write the file.")] = Path("data/tinyshakespeare.txt"),
+    dest: Annotated[Optional[Path], typer.Option(
+        help="Where to write the text. Default: data/tinyshakespeare.txt, data/enwik8 or data/text8.",
+        show_default=False)] = None,
     sha256: Annotated[Optional[str], typer.Option(
-        help="Expected SHA-256 (hex) of another corpus. Default: tiny-shakespeare's.")] = None,
+        help="Expected SHA-256 (hex) of another file. Default: the corpus's pinned one.")] = None,
     no_verify: Annotated[bool, typer.Option("--no-verify", help="Skip the SHA-256 check (for other corpora).")] = False,
     force: Annotated[bool, typer.Option("--force", help="Download again even if the file is already there.")] = False,
     retries: Annotated[int, typer.Option(
         min=0, max=10, help="Extra attempts after a transient failure (backoff 1, 2, 4, 8 s).")] = 4,
     timeout: Annotated[float, typer.Option(min=0.1, help="Seconds to wait for the server on each attempt.")] = 10.0,
 ) -> None:
-    """Fetch tiny-shakespeare (or another text) and verify its SHA-256; keeps a verified file that is already there."""
+    """Fetch a corpus (tiny-shakespeare by default; enwik8, text8) and verify its SHA-256; zipped ones are
+    extracted. A verified file that is already there is kept."""
     from charlm import download as dl
     from charlm.progress import DownloadBar, stderr_console
 
-    source = dl.resolve_url(url)
-    expected = None if no_verify else (sha256 or dl.TINY_SHAKESPEARE_SHA256)
-    with DownloadBar(dest.name) as bar:
-        result = dl.download(source, dest, expected, force=force, retries=retries, timeout=timeout, progress=bar.update)
-    kept = "already there, verified" if expected else "already there (not verified)"
+    corpus = dl.builtin_corpus(name.value)
+    target = dest or corpus.dest
+    with DownloadBar(target.name) as bar:
+        result = dl.download_corpus(corpus, url, dest, sha256, verify=not no_verify, force=force, retries=retries,
+                                    timeout=timeout, progress=bar.update)
+    verified = not no_verify
+    kept = "already there, verified" if verified else "already there (not verified)"
     what = "downloaded" if result.downloaded else kept
-    stderr_console().print(f"{result.path}: {what} ({result.bytes:,} bytes, sha256 {result.sha256[:16]}...)")
+    stderr_console().print(f"{result.path}: {what} ({result.bytes:,} bytes, sha256 {result.sha256[:16]}...)",
+                           markup=False)
 
 
 # ---------------------------------------------------------------------------- train
@@ -81,7 +92,8 @@ def download(
 def train(
     config: ConfigOption = None,
     set_: SetOption = None,
-    data: Annotated[Optional[str], typer.Option(help="UTF-8 text file to train on (data.path).")] = None,
+    data: Annotated[Optional[str], typer.Option(
+        help="Text file, or folder of text files, to train on (data.path).")] = None,
     out_dir: Annotated[Optional[Path], typer.Option(help="Run folder. Default: runs/<config name>.")] = None,
     device: Annotated[Optional[str], typer.Option(help=f"{DEVICE_HELP} (train.device)",
                                                   autocompletion=complete_device)] = None,
@@ -93,6 +105,12 @@ def train(
         "--resume", help="Continue the run in --out-dir from its last.pt (settings equal to the run's are fine; only "
                          "limits and schedule knobs may change).")] = False,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace the run already in --out-dir.")] = False,
+    init_from: Annotated[Optional[str], typer.Option(
+        "--init-from", help="Fine-tune: start a new run from this checkpoint's, run folder's or export's weights "
+                            "(its shape and vocabulary; fresh optimizer and schedule).", show_default=False)] = None,
+    extend_vocab: Annotated[bool, typer.Option(
+        "--extend-vocab", help="With --init-from: give characters the model has never seen new embedding and head "
+                               "rows instead of refusing the text.")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print the summary as one JSON object on stdout.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar or evaluation lines.")] = False,
 ) -> None:
@@ -106,6 +124,8 @@ def train(
 
     if resume and overwrite:
         raise UsageError("--resume and --overwrite contradict each other; choose one")
+    if extend_vocab and init_from is None:
+        raise UsageError("--extend-vocab extends the vocabulary of an --init-from model; add --init-from CKPT")
     options = {
         "data.path": ("--data", data), "train.device": ("--device", device),
         "train.max_steps": ("--max-steps", max_steps), "train.max_seconds": ("--max-seconds", max_seconds),
@@ -115,7 +135,8 @@ def train(
     run_dir = out_dir or Path("runs") / Path(config or DEFAULT_CONFIG).stem
     with StopSignals(before_exit=remover_if_created(run_dir)) as stop:
         summary = run_training(settings, run_dir, resume=resume, overwrite=overwrite, resume_changes=changes,
-                               reporter=TrainReporter(quiet), stop=stop)
+                               reporter=TrainReporter(quiet), stop=stop, init_from=init_from,
+                               extend_vocab=extend_vocab)
     if summary is None:  # a rank other than 0 under torchrun: rank 0 reports
         return
     if json_out:
@@ -131,19 +152,25 @@ def train(
 def eval_(
     checkpoint: Annotated[Optional[str], typer.Argument(help=CHECKPOINT_HELP, show_default=False)] = None,
     data: Annotated[Optional[str], typer.Option(
-        help="UTF-8 text to score. Default: the file the model was trained on.")] = None,
+        help="Text file or folder to score. Default: the corpus the model was trained on.")] = None,
     split: Annotated[Optional[Split], typer.Option(
-        help="val: the held-out tail, as in training; train; all: the whole file. Default: val of the run's own "
-             "corpus, all of any other --data file.", show_default=False)] = None,
+        help="val: the validation split, as in training; test: the test split (data.test_size or "
+             "data.test_fraction); train; all: the whole file. Default: val of the run's own corpus, all of any "
+             "other --data file.", show_default=False)] = None,
+    stride: Annotated[Optional[int], typer.Option(
+        min=1, help="Windows this many tokens apart, each scoring only what the one before did not, so every scored "
+                    "token after the first window sees at least block_size - stride earlier ones (1: the papers' "
+                    "fixed context). Default: block_size (non-overlapping windows).", show_default=False)] = None,
     unknown: Annotated[Unknown, typer.Option(help="Characters outside the model's vocabulary.")] = Unknown.error,
     replace_with: Annotated[Optional[str], typer.Option(
         help="Character used by --unknown replace. Default: space.")] = None,
     device: DeviceOption = "auto",
     batch_size: Annotated[int, typer.Option(min=1, help="Windows per forward pass.")] = 64,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object: loss, bpc, perplexity, chars, "
-                                                           "split, file.")] = False,
+                                                           "split, file, stride, unit.")] = False,
 ) -> None:
-    """Score a checkpoint on text in one deterministic full pass: nats/char, bits/char, perplexity."""
+    """Score a checkpoint on text in one deterministic pass: nats and bits per character (per byte for byte models),
+    perplexity."""
     needs_torch()
     from charlm.api import load
     from charlm.report import print_eval_result
@@ -151,7 +178,7 @@ def eval_(
     check_replacement(replace_with)
     model = load(checkpoint_path(checkpoint), device)  # a bad checkpoint is reported before a bad text
     result = model.evaluate(Path(data) if data else None, split.value if split else None, unknown.value,
-                            replace_with, batch_size)
+                            replace_with, batch_size, stride)
     if json_out:
         print_json(result.to_dict())
     else:
@@ -190,7 +217,8 @@ def sample_(
     no_cache: Annotated[bool, typer.Option(
         "--no-cache", help="Recompute the whole window every step (slow; the reference path).")] = False,
     json_out: Annotated[bool, typer.Option(
-        "--json", help='Print one JSON object: {"samples": [...], "chars_per_s": ...}.')] = False,
+        "--json", help='Print one JSON object: {"samples": [...], "chars_per_s": ..., "replaced": N} (replaced: '
+                       "characters a byte model produced that were not valid UTF-8, shown as U+FFFD).")] = False,
 ) -> None:
     """Generate text from a checkpoint, continuing a prompt (KV-cached; temperature, top-k, top-p, stop strings)."""
     needs_torch()
@@ -212,7 +240,7 @@ def sample_(
         write_flushed(model.tokenizer.decode(prompt_ids))  # the prompt as the model sees it
     result = model.sample(prompt_ids, options, on_text=write_flushed if streaming else None)
     if json_out:
-        print_json({"samples": result.samples, "chars_per_s": result.chars_per_s})
+        print_json({"samples": result.samples, "chars_per_s": result.chars_per_s, "replaced": result.replaced})
     elif streaming:
         sys.stdout.write("\n")
     else:

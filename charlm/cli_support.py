@@ -14,6 +14,7 @@ import typer
 from rich.markup import escape
 
 from charlm.config import DEVICE_NAMES  # no torch behind it: --help stays fast
+from charlm.download import CORPORA
 from charlm.errors import USAGE_EXIT, CharlmError, Interrupted, UsageError
 
 
@@ -25,7 +26,8 @@ class State:
 
 
 # Fixed choices as Enums: --help lists them and the shell completes them.
-Split = Enum("Split", {name: name for name in ("val", "train", "all")}, type=str)
+Corpus = Enum("Corpus", {name: name for name in CORPORA}, type=str)
+Split = Enum("Split", {name: name for name in ("val", "test", "train", "all")}, type=str)
 Unknown = Enum("Unknown", {name: name for name in ("error", "skip", "replace")}, type=str)
 
 

@@ -37,8 +37,16 @@ Logger = Literal["jsonl", "csv", "tensorboard", "wandb"]
 
 @dataclass
 class DataConfig:
-    path: str = documented("data/tinyshakespeare.txt", "UTF-8 text file to train on (downloaded when it is the default and missing)")
-    val_fraction: float = documented(0.1, "last fraction of the text held out for validation", gt=0.0, lt=1.0)
+    path: str = documented("data/tinyshakespeare.txt", "text file, or folder of text files joined in name order, to "
+                           "train on (downloaded when it is a built-in corpus's path and missing)")
+    tokenizer: Literal["char", "byte"] = documented(
+        "char", "char: one id per distinct character of a UTF-8 text; byte: ids are byte values (256; any file)")
+    val_fraction: float = documented(0.1, "fraction of the text held out for validation (after the training part)",
+                                     gt=0.0, lt=1.0)
+    val_size: int = documented(0, "exact tokens held out for validation (0 = use data.val_fraction)", ge=0)
+    test_fraction: float = documented(0.0, "last fraction of the text held out for testing (never trained on or "
+                                           "used for choosing best.pt)", ge=0.0, lt=1.0)
+    test_size: int = documented(0, "exact tokens held out for testing (0 = use data.test_fraction)", ge=0)
 
 
 @dataclass
@@ -116,6 +124,9 @@ class TrainConfig:
         "fixed", "fixed: the same windows at every evaluation (a low-noise signal); random: fresh random windows "
         "each time (the course notebook's estimate; seeded by train.seed and the step)")
     eval_at_start: bool = documented(False, "also evaluate before the first step (step 0)")
+    final_eval_tokens: int = documented(
+        1_000_000, "the end-of-run validation pass scores at most this many tokens from the start of the validation "
+        "split, so big corpora end quickly (0 = the whole split; `charlm eval` always scores all of it)", ge=0)
     plateau_factor: float = documented(0.5, "ReduceLROnPlateau: multiply the lr by this when validation stalls", gt=0.0, lt=1.0)
     plateau_patience: int = documented(3, "ReduceLROnPlateau: evaluations without improvement before lowering the lr", ge=0)
     early_stop_patience: int = documented(0, "stop after this many evaluations without improvement (0 = never)", ge=0)

@@ -5,14 +5,17 @@ from __future__ import annotations
 import hashlib
 import http.client
 import os
+import shutil
 import socket
 import time
+import zipfile
 import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from charlm.files import atomic_write, remove_stale_temps
 from charlm.errors import UsageError, WorkError
@@ -162,10 +165,98 @@ def _describe(e: BaseException) -> str:
     return getattr(e, "strerror", None) or str(e) or type(e).__name__
 
 
-def ensure_corpus(path: Path, say: Callable[[str], None]) -> None:
-    """Fetch tiny-shakespeare to the default data path when it is missing (from $CHARLM_DATA_URL if set)."""
-    if path.exists():
-        return
-    url = resolve_url(None)
-    say(f"{path} is missing: downloading tiny-shakespeare from {url}")
-    download(url, path)
+# ---------------------------------------------------------------------------- the built-in corpora
+
+
+@dataclass(frozen=True)
+class BuiltinCorpus:
+    """A corpus `charlm download NAME` knows: where it comes from, its pinned SHA-256, where its text lands."""
+
+    name: str
+    url: str
+    sha256: str  # of what the URL serves (the zip archive, for zipped corpora)
+    dest: Path  # the text
+    url_env: str  # the environment variable that points at a mirror (which must serve the same bytes)
+    member: str | None = None  # the file inside the zip archive
+    text_sha256: str | None = None  # of the extracted text
+    about: str = ""
+
+    @property
+    def archive(self) -> Path:
+        return self.dest.with_name(self.dest.name + ".zip")
+
+
+CORPORA = {
+    "tinyshakespeare": BuiltinCorpus(
+        "tinyshakespeare", TINY_SHAKESPEARE_URL, TINY_SHAKESPEARE_SHA256, DEFAULT_DEST, URL_ENV,
+        about="1.1 MB of Shakespeare's plays (char-rnn); the default corpus"),
+    # The Hutter Prize file: the first 10^8 bytes of an English Wikipedia XML dump (2006-03-03), modelled as bytes.
+    "enwik8": BuiltinCorpus(
+        "enwik8", "http://mattmahoney.net/dc/enwik8.zip",
+        "547994d9980ebed1288380d652999f38a14fe291a6247c157c3d33d4932534bc", Path("data/enwik8"), "CHARLM_ENWIK8_URL",
+        member="enwik8", text_sha256="2b49720ec4d78c3c9fabaee6e4179a5e997302b3a70029f30f2d582218c024a8",
+        about="10^8 bytes of Wikipedia XML; bits per byte on the last 5M (configs/enwik8.yaml)"),
+    # The same dump cleaned to 27 symbols (a-z and space) by Matt Mahoney's script.
+    "text8": BuiltinCorpus(
+        "text8", "http://mattmahoney.net/dc/text8.zip",
+        "a6640522afe85d1963ad56c05b0ede0a0c000dddc9671758a6cc09b7a38e5232", Path("data/text8"), "CHARLM_TEXT8_URL",
+        member="text8", text_sha256="6e890197040d37d85beb962ae1f041ff1d9a9ca8d20c7d99c85027eebf51dca7",
+        about="10^8 characters of cleaned Wikipedia text, 27 symbols (configs/text8.yaml)"),
+}
+
+
+def builtin_corpus(name: str) -> BuiltinCorpus:
+    if name not in CORPORA:
+        raise UsageError(f"unknown corpus {name!r}; choose one of {', '.join(CORPORA)} (or pass --url for any text)")
+    return CORPORA[name]
+
+
+def download_corpus(corpus: BuiltinCorpus, url: str | None = None, dest: Path | None = None,
+                    sha256: str | None = None, verify: bool = True, force: bool = False,
+                    **fetch: Any) -> DownloadResult:
+    """Fetch a built-in corpus (from `url`, else its environment variable, else its canonical URL), verify it, and
+    for a zipped one extract its text beside the archive. `sha256` replaces the pinned hash (another mirror's file)."""
+    source = url or os.environ.get(corpus.url_env) or corpus.url
+    expected = (sha256 or corpus.sha256) if verify else None
+    dest = dest or corpus.dest
+    if corpus.member is None:
+        return download(source, dest, expected, force=force, **fetch)
+    archive = dest.with_name(dest.name + ".zip")
+    if dest.exists() and not force:
+        if archive.is_file() and (expected is None or sha256_of(archive) == expected):
+            return DownloadResult(dest, sha256_of(archive), dest.stat().st_size, downloaded=False)
+        raise UsageError(f"{dest} exists, but no verified {archive.name} is beside it; use --force to download "
+                         "it again")
+    fetched = download(source, archive, expected, force=force, **fetch)
+    size = _extract(archive, corpus.member, dest)
+    if expected == corpus.sha256 and corpus.text_sha256 and sha256_of(dest) != corpus.text_sha256:
+        dest.unlink()
+        raise WorkError(f"{archive} is verified, but its {corpus.member} is not the published text; delete "
+                        f"{archive} and download again")
+    return DownloadResult(dest, fetched.sha256, size, downloaded=True)
+
+
+def _extract(archive: Path, member: str, dest: Path) -> int:
+    """The archive's member, streamed into place through a temp file (never half-written)."""
+    try:
+        with zipfile.ZipFile(archive) as z:
+            if member not in z.namelist():
+                raise WorkError(f"{archive} has no {member!r} inside (it holds {', '.join(z.namelist()[:5])}); "
+                                "check the mirror")
+            with z.open(member) as src:
+                atomic_write(dest, lambda f: shutil.copyfileobj(src, f, CHUNK * 16))
+    except zipfile.BadZipFile:
+        raise WorkError(f"{archive} is not a zip archive; check the mirror (or --force to fetch it again)") from None
+    except OSError as e:
+        raise WorkError(f"cannot extract {archive} to {dest}: {e.strerror or e}") from None
+    return dest.stat().st_size
+
+
+def ensure_builtin_corpus(path: str | Path, say: Callable[[str], None]) -> None:
+    """Fetch a built-in corpus to its default path when training on that path and it is missing."""
+    for corpus in CORPORA.values():
+        if Path(path) == corpus.dest and not corpus.dest.exists():
+            source = os.environ.get(corpus.url_env) or corpus.url
+            say(f"{corpus.dest} is missing: downloading {corpus.name} from {source}")
+            download_corpus(corpus)
+

@@ -11,15 +11,18 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import nn
 
-from charlm.data import full_pass_windows, windows_at
+from charlm.data import IGNORE, full_pass_windows, strided_windows, windows_at
 from charlm.device import autocast
+
 
 @dataclass
 class EvalResult:
-    loss: float  # mean cross-entropy in nats per character
-    chars: int  # characters scored
-    split: str = "all"  # which part of the file: train, val or all
+    loss: float  # mean cross-entropy in nats per token (character or byte)
+    chars: int  # tokens scored (characters, or bytes for a byte model)
+    split: str = "all"  # which part of the file: train, val, test or all
     file: str = ""  # the text file scored
+    stride: int = 0  # windows' stride (block_size: non-overlapping windows)
+    unit: str = "char"  # what a token is: char or byte (so bits per character or bits per byte)
 
     @property
     def bpc(self) -> float:
@@ -41,21 +44,28 @@ def _summed_loss(model: nn.Module, batches, device: torch.device, amp_dtype: tor
         x, y = x.to(device), y.to(device)
         with autocast(device, amp_dtype):
             _, loss = model(x, y)
-        total += loss.double() * y.numel()
-        count += y.numel()
+        scored = int((y != IGNORE).sum())
+        total += loss.double() * scored
+        count += scored
     return total.item(), count
 
 
 def full_pass(
     model: nn.Module, ids: torch.Tensor, block_size: int, device: torch.device,
-    batch_size: int = 64, amp_dtype: torch.dtype | None = None,
+    batch_size: int = 64, amp_dtype: torch.dtype | None = None, stride: int | None = None,
 ) -> EvalResult:
-    """Every character after the first scored once, in non-overlapping windows of the model's context."""
+    """Every character after the first scored once: in non-overlapping windows of the model's context (stride None
+    or block_size), or in windows `stride` apart giving each at least block_size - stride characters of context."""
+    stride = block_size if stride is None else stride
+    if not 1 <= stride <= block_size:
+        raise ValueError(f"stride must be in 1..{block_size}, got {stride}")
+    windows = (full_pass_windows(ids, block_size, batch_size) if stride == block_size
+               else strided_windows(ids, block_size, stride, batch_size))
     was_training = model.training
     model.eval()
-    total, count = _summed_loss(model, full_pass_windows(ids, block_size, batch_size), device, amp_dtype)
+    total, count = _summed_loss(model, windows, device, amp_dtype)
     model.train(was_training)
-    return EvalResult(total / max(count, 1), count)
+    return EvalResult(total / max(count, 1), count, stride=stride)
 
 
 def windows_total(

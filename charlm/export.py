@@ -13,7 +13,7 @@ from charlm.checkpoint import Checkpoint
 from charlm.config import config_from_dict
 from charlm.errors import UsageError
 from charlm.files import atomic_write
-from charlm.tokenizer import CharTokenizer
+from charlm.tokenizer import tokenizer_from_json
 
 WEIGHTS, CONFIG, VOCAB, CARD = "model.safetensors", "config.json", "vocab.json", "README.md"
 EXPORT_FORMAT = "charlm-export-1"
@@ -59,8 +59,9 @@ def read_export(folder: Path) -> Checkpoint:
     st = _safetensors()
     try:
         raw = json.loads((folder / CONFIG).read_text(encoding="utf-8"))
-        tokenizer = CharTokenizer.from_json((folder / VOCAB).read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
+        kind = raw.get("data", {}).get("tokenizer", "char") if isinstance(raw, dict) else "char"
+        tokenizer = tokenizer_from_json(kind, (folder / VOCAB).read_text(encoding="utf-8"))
+    except (OSError, ValueError, AttributeError) as e:
         raise UsageError(f"export {folder} is damaged: {CONFIG} or {VOCAB} cannot be read ({e})") from None
     if not isinstance(raw, dict) or raw.get("format") != EXPORT_FORMAT:
         raise UsageError(f"{folder / CONFIG} is not a charlm export config (format {EXPORT_FORMAT} expected)")

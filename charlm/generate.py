@@ -23,7 +23,7 @@ from charlm.config import SampleConfig
 from charlm.errors import UsageError
 from charlm.model import GPT
 from charlm.sampling import sample_next
-from charlm.tokenizer import CharTokenizer, UnknownPolicy
+from charlm.tokenizer import Tokenizer, UnknownPolicy
 
 ChooseNext = Callable[[torch.Tensor], torch.Tensor]  # logits (B, V) -> ids (B,)
 
@@ -92,15 +92,16 @@ class SampleOptions:
 @dataclass
 class SampleResult:
     samples: list[str]  # each starts with the prompt
-    generated_chars: int  # characters generated, over all samples, up to their stop strings
+    generated_chars: int  # tokens generated (characters, or bytes), over all samples, up to their stop strings
     seconds: float  # generation time (model loading excluded)
+    replaced: int = 0  # byte models: characters shown as U+FFFD because the bytes were not valid UTF-8
 
     @property
     def chars_per_s(self) -> float:
         return self.generated_chars / self.seconds if self.seconds > 0 else 0.0
 
 
-def encode_prompt(tokenizer: CharTokenizer, prompt: str, unknown: UnknownPolicy, replacement: str | None) -> list[int]:
+def encode_prompt(tokenizer: Tokenizer, prompt: str, unknown: UnknownPolicy, replacement: str | None) -> list[int]:
     if not prompt:
         raise UsageError("the prompt is empty; give at least one character (the default prompt is a newline)")
     ids = tokenizer.encode(prompt, unknown, replacement)
@@ -109,7 +110,7 @@ def encode_prompt(tokenizer: CharTokenizer, prompt: str, unknown: UnknownPolicy,
     return ids
 
 
-def sample(model: GPT, tokenizer: CharTokenizer, prompt_ids: list[int], options: SampleOptions,
+def sample(model: GPT, tokenizer: Tokenizer, prompt_ids: list[int], options: SampleOptions,
            on_text: Callable[[str], None] | None = None) -> SampleResult:
     """Generate num_samples continuations in one batch; on_text streams sample 0's new characters."""
     device = next(model.parameters()).device
@@ -120,15 +121,21 @@ def sample(model: GPT, tokenizer: CharTokenizer, prompt_ids: list[int], options:
         return sample_next(logits, generator, options.temperature, options.top_k, options.top_p)
 
     prompt = tokenizer.decode(prompt_ids)
-    texts = [[] for _ in range(options.num_samples)]
+    texts: list[list[str]] = [[] for _ in range(options.num_samples)]
+    ids: list[list[int]] = [[] for _ in range(options.num_samples)]
+    decoders = [tokenizer.stream_decoder() for _ in range(options.num_samples)]  # bytes: whole characters only
     done = [False] * options.num_samples
     longest_stop = max((len(s) for s in options.stop), default=0)
     model.eval()
     started = time.perf_counter()
     steps = generate_ids(model, prompt_ids, options.max_new_tokens, options.num_samples, choose, options.use_cache)
     for next_ids in steps:
-        for i, char in enumerate(tokenizer.decode([t]) for t in next_ids.tolist()):
+        for i, token in enumerate(next_ids.tolist()):
             if done[i]:
+                continue
+            ids[i].append(token)
+            char = decoders[i].feed(token)
+            if not char:
                 continue
             texts[i].append(char)
             if i == 0 and on_text:
@@ -137,8 +144,14 @@ def sample(model: GPT, tokenizer: CharTokenizer, prompt_ids: list[int], options:
                 done[i] = True
         if all(done):
             break
+    for i, decoder in enumerate(decoders):
+        if not done[i] and (tail := decoder.flush()):
+            texts[i].append(tail)
+            if i == 0 and on_text:
+                on_text(tail)
     seconds = time.perf_counter() - started
-    return SampleResult([prompt + "".join(t) for t in texts], sum(len(t) for t in texts), seconds)
+    replaced = sum(tokenizer.replaced(prompt_ids + sample_ids) for sample_ids in ids)
+    return SampleResult([prompt + "".join(t) for t in texts], sum(len(t) for t in ids), seconds, replaced)
 
 
 def _ends_with_stop(chars: list[str], stops: list[str], longest: int) -> bool:

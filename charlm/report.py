@@ -24,18 +24,22 @@ def print_train_summary(summary: TrainSummary) -> None:
         f"[bold]done[/bold] ({s.stop_reason}): {s.steps:,} steps, {s.tokens:,} tokens, {s.wall_s:.1f} s wall, "
         f"{s.tokens_per_s:,.0f} tokens/s" + (f", compile {s.compile_s:.1f} s" if s.compile_s else "")
     )
+    u = s.unit
+    scored = "full validation pass" if s.full_val_whole else f"validation pass over the first {s.full_val_tokens:,} {u}s"
     out.print(
-        f"best val loss {s.best_val_loss:.4f} nats/char (sampled windows); full validation pass of best.pt: "
-        f"[bold]{s.full_val_loss:.4f} nats/char, {s.full_val_bpc:.4f} bits/char[/bold]"
+        f"best val loss {s.best_val_loss:.4f} nats/{u} (sampled windows); {scored} of best.pt: "
+        f"[bold]{s.full_val_loss:.4f} nats/{u}, {s.full_val_bpc:.4f} bits/{u}[/bold]"
     )
     out.print(f"checkpoints in {s.out_dir}: best.pt, last.pt; metrics in {s.out_dir}/metrics.jsonl")
 
 
 def print_eval_result(result: EvalResult) -> None:
     scored = f"all of {result.file}" if result.split == "all" else f"{result.split} split of {result.file}"
+    u = result.unit
     stdout_console().print(
-        f"{scored}: loss {result.loss:.4f} nats/char, {result.bpc:.4f} bits/char, "
-        f"perplexity {result.perplexity:.3f}, {result.chars:,} characters scored"
+        f"{scored}: loss {result.loss:.4f} nats/{u}, {result.bpc:.4f} bits/{u}, "
+        f"perplexity {result.perplexity:.3f}, {result.chars:,} {'characters' if u == 'char' else 'bytes'} scored, "
+        f"stride {result.stride}", markup=False
     )
 
 

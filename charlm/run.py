@@ -21,10 +21,11 @@ from charlm.config import Config
 from charlm.data import Corpus
 from charlm.device import autocast_dtype, configure_backends, pick_device, seed_everything, should_compile
 from charlm.distributed import Dist, setup, teardown
-from charlm.download import DEFAULT_DEST, ensure_corpus
+from charlm.download import ensure_builtin_corpus
 from charlm.errors import UsageError
 from charlm.evaluate import full_pass
 from charlm.files import atomic_write, remove_stale_temps
+from charlm.finetune import finetune_config, finetune_tokenizer, init_model, load_source
 from charlm.metrics import require_loggers
 from charlm.model import GPT
 from charlm.progress import TrainReporter
@@ -44,8 +45,11 @@ RESUMABLE_KEYS = {
 @dataclass
 class TrainSummary:
     best_val_loss: float  # best periodic validation estimate (nats/char)
-    full_val_loss: float  # full validation pass of best.pt (nats/char)
+    full_val_loss: float  # validation pass of best.pt (nats/token), all of val up to train.final_eval_tokens
     full_val_bpc: float
+    full_val_tokens: int  # tokens that pass scored
+    full_val_whole: bool  # whether that was the whole validation split
+    unit: str  # char or byte: what the losses are per
     steps: int
     tokens: int  # training tokens seen, over all invocations
     wall_s: float  # this invocation, start-up to finish
@@ -160,11 +164,13 @@ def make_out_dir(out_dir: Path, replaced: list[str]) -> None:
 
 def run_training(config: Config | None, out_dir: Path, *, resume: bool = False, overwrite: bool = False,
                  resume_changes: dict[str, Any] | None = None, quiet: bool = False,
-                 reporter: TrainReporter | None = None, stop: StopRequest | None = None) -> TrainSummary | None:
+                 reporter: TrainReporter | None = None, stop: StopRequest | None = None,
+                 init_from: str | Path | None = None, extend_vocab: bool = False) -> TrainSummary | None:
     """Everything `charlm train` does: checks first, then data, model, loop, final full validation pass.
 
     With resume=True the run in out_dir continues; `config` (if given) and `resume_changes` are compared with its
-    saved settings (see resume_config). Under torchrun every rank calls this; rank 0 alone writes files and returns
+    saved settings (see resume_config). With init_from, a fresh run starts from that model's weights, shape and
+    vocabulary (charlm.finetune; extend_vocab adds the new text's characters). Under torchrun every rank calls this; rank 0 alone writes files and returns
     the summary (the others return None).
     """
     wall_start = time.perf_counter()
@@ -172,16 +178,21 @@ def run_training(config: Config | None, out_dir: Path, *, resume: bool = False, 
     dist = Dist()
     reporter = reporter or TrainReporter(quiet)
     try:
+        if resume and init_from is not None:
+            raise UsageError("--resume continues a run and --init-from starts a new one from a model; choose one")
         existing = check_out_dir(out_dir, resume, overwrite)
         ckpt = load_checkpoint(out_dir / "last.pt") if resume else None
+        source = load_source(init_from) if init_from is not None else None
         config = run_config(config, ckpt, resume_changes or {})
-        if ckpt is None and Path(config.data.path) == DEFAULT_DEST:
-            ensure_corpus(DEFAULT_DEST, reporter.info)
+        if source is not None:
+            config = finetune_config(config, source)
+        if ckpt is None:
+            ensure_builtin_corpus(config.data.path, reporter.info)
         dist, device_name = setup(config.train.device)
         if not dist.is_main:
             reporter = TrainReporter(quiet=True, silent=True)
         trainer = _build(config, ckpt, out_dir, existing if overwrite and not resume else [], device_name, dist,
-                         reporter, stop)
+                         reporter, stop, source, extend_vocab)
         try:
             reason = trainer.run()
             summary = _summarize(trainer, reason, wall_start) if dist.is_main else None
@@ -200,12 +211,23 @@ def run_training(config: Config | None, out_dir: Path, *, resume: bool = False, 
 
 
 def _build(config: Config, ckpt: Checkpoint | None, out_dir: Path, replaced: list[str], device_name: str,
-           dist: Dist, reporter: TrainReporter, stop: StopRequest | None) -> Trainer:
+           dist: Dist, reporter: TrainReporter, stop: StopRequest | None, source: Checkpoint | None = None,
+           extend_vocab: bool = False) -> Trainer:
     """Data, model and trainer, every check done before the run folder is touched."""
     device = pick_device(device_name)
     autocast_dtype(device, config.train.dtype)  # refuse an impossible dtype before loading anything
     require_loggers(config)
-    corpus = Corpus.from_file(config.data.path, config.data.val_fraction, ckpt.tokenizer if ckpt else None)
+    # Every rank asks for the prepared corpus; a lock lets the first prepare it while the others wait, then map it.
+    if ckpt is not None:
+        corpus = Corpus.from_config(config.data, ckpt.tokenizer, say=reporter.info,
+                                    hint="a resumed run trains on text made of its own characters")
+    elif source is not None:
+        tokenizer = finetune_tokenizer(source, config.data.path, extend_vocab, reporter.info)
+        corpus = Corpus.from_config(config.data, tokenizer, say=reporter.info,
+                                    hint=f"the model of {source.path} has never seen them; add --extend-vocab to give "
+                                         "them new embedding rows")
+    else:
+        corpus = Corpus.from_config(config.data, say=reporter.info)
     corpus.check_windows(config.model.block_size, config.data.path)
     dist.barrier()  # every rank has checked the run folder before rank 0 writes to it
     if dist.is_main:
@@ -213,7 +235,13 @@ def _build(config: Config, ckpt: Checkpoint | None, out_dir: Path, replaced: lis
 
     configure_backends(device)
     seed_everything(config.train.seed)  # identical initial weights on every rank
-    model = ckpt.build_model(device) if ckpt else GPT(config.model, corpus.tokenizer.vocab_size).to(device)
+    if ckpt is not None:
+        model = ckpt.build_model(device)
+    elif source is not None:
+        model = init_model(source, config, corpus.tokenizer.vocab_size, device)
+        reporter.info(f"starting from the weights of {source.path} (fresh optimizer and schedule)")
+    else:
+        model = GPT(config.model, corpus.tokenizer.vocab_size).to(device)
     seed_everything(seed_for_rank(config.train.seed, dist.rank))  # then each rank its own dropout stream
     trainer = Trainer(config, model, corpus, device, out_dir, reporter, stop, dist)
     if ckpt:
@@ -232,9 +260,12 @@ def _summarize(trainer: Trainer, reason: str, wall_start: float) -> TrainSummary
     """The final full validation pass of best.pt, and the figures of the whole run."""
     config, device = trainer.config, trainer.device
     best = load_checkpoint(trainer.out_dir / "best.pt").build_model(device)
-    full = full_pass(best, trainer.corpus.val, config.model.block_size, device, amp_dtype=trainer.amp_dtype)
+    limit = config.train.final_eval_tokens
+    val = trainer.corpus.val[:limit + 1] if limit else trainer.corpus.val  # bounded on big corpora
+    full = full_pass(best, val, config.model.block_size, device, amp_dtype=trainer.amp_dtype)
     return TrainSummary(
-        best_val_loss=trainer.best_val, full_val_loss=full.loss, full_val_bpc=full.bpc, steps=trainer.step,
+        best_val_loss=trainer.best_val, full_val_loss=full.loss, full_val_bpc=full.bpc, full_val_tokens=full.chars,
+        full_val_whole=len(val) == len(trainer.corpus.val), unit=trainer.corpus.tokenizer.unit, steps=trainer.step,
         tokens=trainer.tokens, wall_s=time.perf_counter() - wall_start, train_s=trainer.train_s,
         eval_s=trainer.eval_s, compile_s=trainer.compile_s, tokens_per_s=trainer.tokens_per_s,
         stop_reason=reason, params=trainer.model.num_params(), device=str(device),

@@ -19,7 +19,7 @@ from torch import nn
 
 from charlm.checkpoint import TrainingState, save_training_checkpoint
 from charlm.config import Config
-from charlm.data import BatchSampler, Corpus, fixed_windows
+from charlm.data import RandomWindows, Corpus, fixed_windows
 from charlm.device import autocast, autocast_dtype, rng_state, seed_everything, set_rng_state
 from charlm.distributed import Dist
 from charlm.errors import CharlmError, Interrupted, UsageError, WorkError
@@ -66,7 +66,7 @@ class Trainer:
         self.scaler = torch.amp.GradScaler(device.type) if self.amp_dtype == torch.float16 else None
         self.metrics = MetricsLog(out_dir, config, enabled=self.dist.is_main)
         T = config.model.block_size
-        self.sampler = BatchSampler(corpus.train, T, tc.batch_size, device, seed=seed_for_rank(tc.seed, self.dist.rank))
+        self.sampler = RandomWindows(corpus.train, T, tc.batch_size, device, seed=seed_for_rank(tc.seed, self.dist.rank))
         # Fixed windows: every periodic evaluation scores the same text, so the plateau rule sees signal, not noise.
         self.val_starts = fixed_windows(corpus.val, T, tc.eval_windows, seed=tc.seed + 1)
         self.train_starts = fixed_windows(corpus.train, T, tc.eval_windows, seed=tc.seed + 2)

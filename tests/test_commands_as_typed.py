@@ -117,10 +117,10 @@ def test_download_does_not_import_torch(corpus, tmp_path):
 
 def test_help_shows_the_choices_of_fixed_value_options():
     eval_help = run_cli("eval", "--help", env={"COLUMNS": "200"}, check=True).stdout
-    assert "<val|train|all>" in eval_help and "<error|skip|replace>" in eval_help
+    assert "<val|test|train|all>" in eval_help and "<error|skip|replace>" in eval_help
     sample_help = run_cli("sample", "--help", env={"COLUMNS": "200"}, check=True).stdout
     assert "<error|skip|replace>" in sample_help and "auto, cpu, cuda, cuda:N or mps" in sample_help
-    assert_one_line_error(run_cli("eval", "--split", "test"), 2, "--split", "test")
+    assert_one_line_error(run_cli("eval", "--split", "tset"), 2, "--split", "tset")
 
 
 def test_device_completes_in_the_shell():

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from charlm.data import BatchSampler, Corpus, full_pass_windows, read_text, split_text
+from charlm.data import RandomWindows, Corpus, full_pass_windows, read_text, split_text
 from charlm.errors import UsageError
 
 
@@ -15,9 +15,9 @@ def test_split_is_first_90_percent_train_last_10_val(corpus):
 
 def test_same_seed_gives_the_same_batches(corpus):
     c = Corpus.from_file(corpus, 0.1)
-    a = BatchSampler(c.train, 32, 8, torch.device("cpu"), seed=3)
-    b = BatchSampler(c.train, 32, 8, torch.device("cpu"), seed=3)
-    other = BatchSampler(c.train, 32, 8, torch.device("cpu"), seed=4)
+    a = RandomWindows(c.train, 32, 8, torch.device("cpu"), seed=3)
+    b = RandomWindows(c.train, 32, 8, torch.device("cpu"), seed=3)
+    other = RandomWindows(c.train, 32, 8, torch.device("cpu"), seed=4)
     for _ in range(3):
         (xa, ya), (xb, yb), (xo, _) = a.next_batch(), b.next_batch(), other.next_batch()
         assert torch.equal(xa, xb) and torch.equal(ya, yb)
@@ -26,18 +26,18 @@ def test_same_seed_gives_the_same_batches(corpus):
 
 def test_sampler_state_round_trip_continues_the_stream(corpus):
     c = Corpus.from_file(corpus, 0.1)
-    a = BatchSampler(c.train, 16, 4, torch.device("cpu"), seed=1)
+    a = RandomWindows(c.train, 16, 4, torch.device("cpu"), seed=1)
     a.next_batch()
     state = a.state_dict()
     expected = a.next_batch()[0]
-    b = BatchSampler(c.train, 16, 4, torch.device("cpu"), seed=99)
+    b = RandomWindows(c.train, 16, 4, torch.device("cpu"), seed=99)
     b.load_state_dict(state)
     assert torch.equal(b.next_batch()[0], expected)
 
 
 def test_y_is_x_shifted_by_one(corpus):
     c = Corpus.from_file(corpus, 0.1)
-    x, y = BatchSampler(c.train, 64, 16, torch.device("cpu"), seed=0).next_batch()
+    x, y = RandomWindows(c.train, 64, 16, torch.device("cpu"), seed=0).next_batch()
     assert x.shape == y.shape == (16, 64) and x.dtype == torch.long
     assert torch.equal(x[:, 1:], y[:, :-1])
     text = c.tokenizer.decode(x[0].tolist()) + c.tokenizer.decode(y[0, -1:].tolist())

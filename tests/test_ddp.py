@@ -15,7 +15,7 @@ import torch
 
 from charlm.checkpoint import load_checkpoint
 from charlm.config import load_config
-from charlm.data import BatchSampler, Corpus
+from charlm.data import RandomWindows, Corpus
 from charlm.device import seed_everything
 from charlm.model import GPT
 from charlm.trainer import make_optimizer, seed_for_rank
@@ -83,7 +83,7 @@ def test_two_ranks_of_batch_b_equal_one_process_of_batch_2b_after_one_step(tmp_p
     corpus_ids = Corpus.from_file(corpus, config.data.val_fraction)
     seed_everything(config.train.seed)
     model = GPT(config.model, corpus_ids.tokenizer.vocab_size)
-    windows = [BatchSampler(corpus_ids.train, config.model.block_size, batch, torch.device("cpu"),
+    windows = [RandomWindows(corpus_ids.train, config.model.block_size, batch, torch.device("cpu"),
                             seed=seed_for_rank(config.train.seed, rank)).next_batch() for rank in (0, 1)]
     x, y = torch.cat([w[0] for w in windows]), torch.cat([w[1] for w in windows])
     tc = config.train

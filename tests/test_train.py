@@ -39,7 +39,7 @@ def test_eval_json_reports_loss_bpc_perplexity_chars(tmp_path, corpus):
     _train(tmp_path / "r", corpus)
     result = run_cli("eval", tmp_path / "r" / "best.pt", "--data", corpus, "--json", check=True)
     figures = json.loads(result.stdout)
-    assert set(figures) == {"loss", "bpc", "perplexity", "chars", "split", "file"}
+    assert set(figures) == {"loss", "bpc", "perplexity", "chars", "split", "file", "stride", "unit"}
     assert figures["split"] == "val" and figures["file"] == str(corpus)
     assert math.isclose(figures["bpc"], figures["loss"] / math.log(2))
     assert math.isclose(figures["perplexity"], math.exp(figures["loss"]))
