@@ -165,8 +165,12 @@ def _same_file(a: str | Path, b: str | Path) -> bool:
 
 def train(config: str | Path = cfg.DEFAULT_CONFIG, overrides: dict[str, Any] | None = None,
           data: str | Path | None = None, out_dir: str | Path | None = None, *, resume: bool = False,
-          overwrite: bool = False, quiet: bool = False) -> dict[str, Any]:
+          overwrite: bool = False, quiet: bool = False, init_from: str | Path | None = None,
+          extend_vocab: bool = False) -> dict[str, Any]:
     """Train like `charlm train` and return its summary (the fields of `train --json`).
+
+    `init_from` fine-tunes: the run starts from that checkpoint's, run folder's or export's weights, shape and
+    vocabulary (`extend_vocab` adds the new text's unseen characters instead of refusing them).
 
     `overrides` maps dotted keys to values ({"train.max_steps": 200}). Ctrl-C (KeyboardInterrupt) stops the run
     after saving last.pt and propagates; no signal handler is installed and the process is never exited.
@@ -177,5 +181,6 @@ def train(config: str | Path = cfg.DEFAULT_CONFIG, overrides: dict[str, Any] | N
     options["data.path"] = ("data", None if data is None else str(data))
     settings, changes = requested_config(str(config), [], options, resume)
     run_dir = Path(out_dir) if out_dir is not None else Path("runs") / Path(str(config)).stem
-    summary = run_training(settings, run_dir, resume=resume, overwrite=overwrite, resume_changes=changes, quiet=quiet)
+    summary = run_training(settings, run_dir, resume=resume, overwrite=overwrite, resume_changes=changes, quiet=quiet,
+                           init_from=init_from, extend_vocab=extend_vocab)
     return summary.to_dict() if summary is not None else {}

@@ -11,7 +11,7 @@ import torch
 
 from charlm.config import DataConfig
 from charlm.errors import UsageError
-from charlm.prepare import id_dtype, prepare
+from charlm.prepare import id_dtype, prepare, release_mapped_pages
 from charlm.tokenizer import CharTokenizer, Tokenizer, UnknownPolicy
 
 
@@ -180,6 +180,7 @@ class RandomWindows:
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         starts = torch.randint(len(self.ids) - self.block_size, (self.batch_size,), generator=self.generator)
+        release_mapped_pages()  # resident memory stays flat however big the corpus
         return windows_at(self.ids, starts, self.offsets, self.device, self.pin)
 
     def state_dict(self) -> dict:

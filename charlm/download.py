@@ -227,7 +227,11 @@ def download_corpus(corpus: BuiltinCorpus, url: str | None = None, dest: Path | 
             return DownloadResult(dest, sha256_of(archive), dest.stat().st_size, downloaded=False)
         raise UsageError(f"{dest} exists, but no verified {archive.name} is beside it; use --force to download "
                          "it again")
-    fetched = download(source, archive, expected, force=force, **fetch)
+    try:
+        fetched = download(source, archive, expected, force=force, **fetch)
+    except (UsageError, WorkError) as e:  # name this corpus's own mirror variable, not tiny-shakespeare's
+        hint = f"for offline use pass --url file:///path/to/{archive.name} or set {corpus.url_env}"
+        raise type(e)(str(e).replace(OFFLINE_HINT, hint)) from None
     size = _extract(archive, corpus.member, dest)
     if expected == corpus.sha256 and corpus.text_sha256 and sha256_of(dest) != corpus.text_sha256:
         dest.unlink()

@@ -13,6 +13,7 @@ from torch import nn
 
 from charlm.data import IGNORE, full_pass_windows, strided_windows, windows_at
 from charlm.device import autocast
+from charlm.prepare import release_mapped_pages
 
 
 @dataclass
@@ -40,7 +41,9 @@ class EvalResult:
 def _summed_loss(model: nn.Module, batches, device: torch.device, amp_dtype: torch.dtype | None) -> tuple[float, int]:
     total = torch.zeros((), dtype=torch.float64, device=device)  # accumulate on device: one sync at the end
     count = 0
-    for x, y in batches:
+    for i, (x, y) in enumerate(batches):
+        if i % 16 == 0:
+            release_mapped_pages()  # a pass over a big split must not keep all it read resident
         x, y = x.to(device), y.to(device)
         with autocast(device, amp_dtype):
             _, loss = model(x, y)

@@ -17,8 +17,10 @@ import contextlib
 import ctypes
 import hashlib
 import json
+import mmap
 import os
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -305,9 +307,30 @@ def prepare(path: str | Path, kind: str, say: Callable[[str], None] = lambda _: 
                         "kept; free some space or make the folder writable, then run again)") from None
     dtype = getattr(torch, meta["dtype"])
     count = int(meta["tokens"])
-    ids = torch.from_file(str(bin_path), shared=False, size=count, dtype=dtype) if count else torch.empty(0, dtype=dtype)
+    ids = _map(bin_path, dtype) if count else torch.empty(0, dtype=dtype)
     tokenizer: Tokenizer = ByteTokenizer() if kind == "byte" else CharTokenizer(meta["vocab"])
     return Prepared(ids, tokenizer, {int(k): int(v) for k, v in meta["counts"].items()}, path)
+
+
+_MAPPINGS: weakref.WeakSet[mmap.mmap] = weakref.WeakSet()  # every token file mapped by this process
+
+
+def _map(bin_path: Path, dtype: torch.dtype) -> torch.Tensor:
+    """The token file as a tensor backed by a private, read-only-in-practice mapping (nothing is ever written)."""
+    with open(bin_path, "rb") as f:
+        mapping = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)  # writable for torch, never written back
+    _MAPPINGS.add(mapping)
+    return torch.frombuffer(mapping, dtype=dtype)  # keeps the mapping alive
+
+
+def release_mapped_pages() -> None:
+    """Unmap the pages of token files read so far (they stay in the OS's file cache, and fault back in when read
+    again). Without this, every page a random window or a full pass touched, and the large blocks the kernel maps
+    around it, would count as this process's resident memory, growing with the corpus; called once per training
+    step and every few evaluation batches, it keeps the resident size flat for a corpus of any size."""
+    for mapping in list(_MAPPINGS):
+        if hasattr(mmap, "MADV_DONTNEED"):  # POSIX; elsewhere the OS keeps its own accounting
+            mapping.madvise(mmap.MADV_DONTNEED)
 
 
 def _vocab_size(meta: dict[str, Any]) -> int:
