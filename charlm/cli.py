@@ -260,8 +260,9 @@ def info(
              "config.", show_default=False)] = None,
     config: ConfigOption = None,
     set_: SetOption = None,
-    vocab_size: Annotated[int, typer.Option(
-        min=1, help="Vocabulary size with --config (tiny-shakespeare has 65).")] = 65,
+    vocab_size: Annotated[Optional[int], typer.Option(
+        min=1, help="Vocabulary size with --config. Default: 65 (tiny-shakespeare's), 256 for a byte tokenizer.",
+        show_default=False)] = None,
     json_out: Annotated[bool, typer.Option(
         "--json", help="Print one JSON object (total_params, flops_per_token, components).")] = False,
 ) -> None:
@@ -281,8 +282,10 @@ def info(
         ckpt.build_model()  # the same checks as eval and sample: shapes, vocabulary, finite weights
         model_config, vocab, title = ckpt.config.model, ckpt.tokenizer.vocab_size, str(ckpt.path)
     else:
-        model_config = cfg.load_config(config or cfg.DEFAULT_CONFIG, set_ or []).model
-        vocab, title = vocab_size, f"{config or cfg.DEFAULT_CONFIG} (vocabulary {vocab_size})"
+        loaded = cfg.load_config(config or cfg.DEFAULT_CONFIG, set_ or [])
+        model_config = loaded.model
+        vocab = vocab_size or (256 if loaded.data.tokenizer == "byte" else 65)
+        title = f"{config or cfg.DEFAULT_CONFIG} (vocabulary {vocab})"
     result = model_info(model_config, vocab)
     if json_out:
         print_json(result.to_dict())

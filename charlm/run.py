@@ -38,7 +38,7 @@ RESUMABLE_KEYS = {
     "train.max_steps", "train.max_seconds", "train.eval_interval", "train.early_stop_patience",
     "train.plateau_patience", "train.plateau_factor", "train.min_lr", "train.grad_clip", "train.device",
     "train.compile", "train.lr_schedule", "data.path", "train.loggers", "train.log_interval", "train.wandb_project",
-    "train.tensorboard",
+    "train.tensorboard", "train.final_eval_tokens",
 }
 
 

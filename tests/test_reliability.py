@@ -308,7 +308,7 @@ def test_torch_older_than_2_6_is_refused():
         ("empty", "empty"),
         ("short", "too short"),
         ("latin1", "byte offset"),
-        ("directory", "directory"),
+        ("directory", "holds no non-empty files"),
     ],
 )
 def test_bad_data_files_are_refused_before_any_work(tmp_path, case, needle):
