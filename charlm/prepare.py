@@ -37,6 +37,7 @@ CHUNK = 8 << 20  # bytes read at a time: bounds memory whatever the corpus size
 SEPARATOR = "\n\n"  # between the files of a folder, so one file's last line never runs into the next one's first
 FULL_DIGEST_LIMIT = 64 << 20  # prepared files up to this size are checked whole at every start
 SAMPLED_BLOCKS, BLOCK = 256, 4096
+ANNOUNCE_BYTES = 16 << 20  # sources at least this big say that they are being prepared, and how fast it went
 UNICODE_SIZE = 0x110000
 
 
@@ -293,15 +294,18 @@ def prepare(path: str | Path, kind: str, say: Callable[[str], None] = lambda _: 
                                                                           fingerprint(path, files))]
                 atomic_write(json_path, lambda f: f.write((json.dumps(meta, ensure_ascii=False) + "\n").encode()))
             elif reason is not None:
+                size = sum(f.stat().st_size for f in files)
+                big = size >= ANNOUNCE_BYTES  # small texts prepare in a blink: no need to say so
                 if reason != "not prepared yet":
-                    say(f"re-preparing {path}: {reason}")
+                    say(f"preparing {path} again: {reason}")
+                elif big:
+                    say(f"preparing {path} ({size / 1e6:,.0f} MB) once into {bin_path.name} ...")
                 started = time.perf_counter()
                 meta = _prepare(path, files, kind, bin_path, json_path)
                 seconds = time.perf_counter() - started
-                size = sum(f["size"] for f in meta["source"]["files"])
-                say(f"prepared {path}: {meta['tokens']:,} tokens, {_vocab_size(meta)} symbols, "
-                    f"{size / 1e6:,.1f} MB in {seconds:.1f} s ({size / 1e6 / max(seconds, 1e-9):,.0f} MB/s) -> "
-                    f"{bin_path}")
+                if big:
+                    say(f"prepared {path}: {meta['tokens']:,} tokens, {_vocab_size(meta)} symbols, "
+                        f"{size / 1e6:,.1f} MB in {seconds:.1f} s ({size / 1e6 / max(seconds, 1e-9):,.0f} MB/s)")
     except OSError as e:
         raise WorkError(f"cannot prepare {path} into {bin_path.parent}: {e.strerror or e} (nothing half-written is "
                         "kept; free some space or make the folder writable, then run again)") from None

@@ -112,7 +112,7 @@ def test_a_source_edited_after_preparation_is_prepared_again(text_file):
     said: list[str] = []
     again = prepare(text_file, "char", said.append)
     assert "CITIZEN" in again.tokenizer.decode(again.ids[:200].tolist())
-    assert any("source changed" in line for line in said)
+    assert said == [f"preparing {text_file} again: the source changed since it was prepared"]
 
 
 def test_a_touched_source_with_the_same_bytes_is_not_prepared_again(text_file):
