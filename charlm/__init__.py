@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from charlm.errors import CharlmError, Interrupted, UsageError, WorkError
 
 __version__ = "0.1.0"
-__all__ = ["CharlmError", "Interrupted", "Model", "UsageError", "WorkError", "load", "train", "__version__"]
+__all__ = ["CharlmError", "Interrupted", "Model", "UsageError", "WorkError", "__version__", "load", "train"]
 
 # torch warns at import when NumPy is missing; charlm never uses NumPy, so that line is only noise for users
 # (and would break the one-line-error promise of the CLI).

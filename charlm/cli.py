@@ -10,9 +10,23 @@ import typer
 
 from charlm import __version__
 from charlm.cli_support import (
-    CHECKPOINT_HELP, DEVICE_HELP, ConfigOption, Corpus, DeviceOption, SetOption, Split, State, Unknown,
+    CHECKPOINT_HELP,
+    DEVICE_HELP,
+    ConfigOption,
+    Corpus,
+    DeviceOption,
+    SetOption,
+    Split,
+    State,
+    Unknown,
     check_replacement,
-    checkpoint_path, complete_device, needs_torch, pick_indices, print_json, remover_if_created, run_app,
+    checkpoint_path,
+    complete_device,
+    needs_torch,
+    pick_indices,
+    print_json,
+    remover_if_created,
+    run_app,
     write_flushed,
 )
 from charlm.errors import UsageError
@@ -116,9 +130,9 @@ def train(
 ) -> None:
     """Train a model; with no options, trains configs/cpu.yaml on tiny-shakespeare (downloaded when missing)."""
     needs_torch()
+    from charlm.config import DEFAULT_CONFIG
     from charlm.progress import TrainReporter
     from charlm.report import print_train_summary
-    from charlm.config import DEFAULT_CONFIG
     from charlm.run import requested_config, run_training
     from charlm.signals import StopSignals
 
@@ -381,9 +395,8 @@ def config_(
     if keys:
         if show or config is not None or set_:
             raise UsageError("--keys lists every key with its default; it takes no --show, --config or --set")
-        from charlm.report import print_config_keys
-
         from charlm.config_docs import key_reference
+        from charlm.report import print_config_keys
 
         print_config_keys(key_reference())
         return

@@ -17,7 +17,6 @@ from charlm.config import DEVICE_NAMES  # no torch behind it: --help stays fast
 from charlm.download import CORPORA
 from charlm.errors import USAGE_EXIT, CharlmError, Interrupted, UsageError
 
-
 CHECKPOINT_HELP = "Checkpoint file, run folder (its best.pt) or export. Default: the newest runs/*/best.pt."
 
 

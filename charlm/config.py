@@ -18,7 +18,14 @@ from typing import Any, Literal
 import yaml
 
 from charlm.config_files import (  # noqa: F401  (re-exported: the config API in one import)
-    CONFIG_DIRS, Options, Setting, file_settings, find_config, parse_set, read_yaml_file, shipped_config_names,
+    CONFIG_DIRS,
+    Options,
+    Setting,
+    file_settings,
+    find_config,
+    parse_set,
+    read_yaml_file,
+    shipped_config_names,
 )
 from charlm.errors import UsageError
 

@@ -10,7 +10,6 @@ import torch
 from charlm.config import DEVICE_NAMES, valid_device_name
 from charlm.errors import UsageError
 
-
 MIN_TORCH = (2, 6)  # torch.load(weights_only=True) is safe from 2.6 on
 
 

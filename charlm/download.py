@@ -8,17 +8,17 @@ import os
 import shutil
 import socket
 import time
-import zipfile
 import urllib.error
 import urllib.parse
 import urllib.request
+import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from charlm.files import atomic_write, remove_stale_temps
 from charlm.errors import UsageError, WorkError
+from charlm.files import atomic_write, remove_stale_temps
 
 TINY_SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 TINY_SHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
@@ -157,7 +157,7 @@ def _read(response, url: str) -> bytes:
         return response.read(CHUNK)
     except http.client.IncompleteRead as e:
         raise TransientError(f"the body was truncated ({len(e.partial):,} bytes in the last read)") from None
-    except (ConnectionError, TimeoutError, socket.timeout, http.client.HTTPException) as e:
+    except (ConnectionError, TimeoutError, http.client.HTTPException) as e:
         raise TransientError(f"the connection broke while reading ({_describe(e)})") from None
 
 

@@ -14,7 +14,13 @@ from torch import nn
 
 from charlm.config import ModelConfig
 from charlm.layers import (
-    Rotary, SinusoidalPositions, alibi_slopes, attention_mask, feed_forward, make_norm, part_bias,
+    Rotary,
+    SinusoidalPositions,
+    alibi_slopes,
+    attention_mask,
+    feed_forward,
+    make_norm,
+    part_bias,
 )
 
 RELATIVE = ("rope", "alibi")  # encodings under which attention depends on distances only
@@ -125,7 +131,7 @@ class CausalSelfAttention(nn.Module):
             self.weights = weights if self.keep_weights else None
             return y
         dropout = self.dropout if self.training else 0.0
-        if self.slopes is None and T == S and T <= self.window:  # training, or a first chunk within the window
+        if self.slopes is None and T == S and self.window >= T:  # training, or a first chunk within the window
             return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True)
         if self.slopes is None and T == 1:  # one new position: every cached key is in its window
             return F.scaled_dot_product_attention(q, k, v)
@@ -207,7 +213,7 @@ class GPT(nn.Module):
         Positions start at start_pos, or continue the cached text. Absolute encodings allow at most block_size
         positions; relative ones any number, each position attending to the block_size - 1 before it.
         """
-        B, T = idx.shape
+        _, T = idx.shape
         first = cache.length if cache is not None and cache.length else start_pos
         if not self.relative_positions and first + T > self.config.block_size:
             raise ValueError(

@@ -41,10 +41,10 @@ class Optimizers:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Also reads the single AdamW state of checkpoints written before train.optimizer existed."""
-        states = state["optimizers"] if "optimizers" in state else [state]
+        states = state.get("optimizers", [state])
         if len(states) != len(self.optimizers):
             raise ValueError(f"the checkpoint has {len(states)} optimizer state(s), this run {len(self.optimizers)}")
-        for opt, saved in zip(self.optimizers, states):
+        for opt, saved in zip(self.optimizers, states, strict=True):
             opt.load_state_dict(saved)
             for group in opt.param_groups:
                 group.setdefault("lr_scale", 1.0)

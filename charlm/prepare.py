@@ -122,7 +122,7 @@ def _pieces(files: list[Path], root: Path, decode: bool) -> Iterator[tuple[int, 
                         try:
                             text = decoder.decode(raw)
                         except UnicodeDecodeError as e:
-                            raise _not_utf8(f, root, len(files), (held + raw)[e.start], offset - len(held) + e.start)
+                            raise _not_utf8(f, root, len(files), (held + raw)[e.start], offset - len(held) + e.start) from None
                     yield i, raw, text
                     offset += len(raw)
         except OSError as e:
@@ -197,7 +197,7 @@ def _prepare(path: Path, files: list[Path], kind: str, bin_path: Path, json_path
         "format": FORMAT, "tokenizer": kind, "vocab": vocab, "counts": symbol_counts, "tokens": total,
         "dtype": str(dtype).removeprefix("torch."), "bin_digest": _digest(bin_path, total * _itemsize(dtype)),
         "source": {"path": path.name, "folder": path.is_dir(), "separator": SEPARATOR if path.is_dir() else None,
-                   "files": [{**fp, "sha256": d.hexdigest()} for fp, d in zip(fingerprint(path, files), digests)]},
+                   "files": [{**fp, "sha256": d.hexdigest()} for fp, d in zip(fingerprint(path, files), digests, strict=True)]},
     }
     atomic_write(json_path, lambda f: f.write((json.dumps(meta, ensure_ascii=False) + "\n").encode()))
     return meta
@@ -291,7 +291,7 @@ def prepare(path: str | Path, kind: str, say: Callable[[str], None] = lambda _: 
             reason = _stale_reason(meta, kind, path, files, bin_path) if meta is not None else "not prepared yet"
             if reason == "touched":
                 meta["source"]["files"] = [{**r, **fp} for r, fp in zip(meta["source"]["files"],
-                                                                          fingerprint(path, files))]
+                                                                          fingerprint(path, files), strict=True)]
                 atomic_write(json_path, lambda f: f.write((json.dumps(meta, ensure_ascii=False) + "\n").encode()))
             elif reason is not None:
                 size = sum(f.stat().st_size for f in files)

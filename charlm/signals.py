@@ -11,6 +11,7 @@ called from Python it uses one that never fires, so a notebook keeps its own han
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -31,10 +32,8 @@ class StopSignals:
 
     def __enter__(self) -> StopSignals:
         for signum in HANDLED:
-            try:
+            with contextlib.suppress(ValueError):  # not the main thread: leave signals alone
                 self._previous[signum] = signal.signal(signum, self._handle)
-            except ValueError:  # not the main thread: leave signals alone
-                pass
         return self
 
     def __exit__(self, *exc: object) -> None:

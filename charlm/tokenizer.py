@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import codecs
 import json
-from typing import Literal, Union
+from typing import ClassVar, Literal, Union
 
 from charlm.errors import UsageError
 
@@ -105,7 +105,7 @@ class ByteTokenizer:
     kind: TokenizerKind = "byte"
     unit = "byte"
     vocab_size = 256
-    chars = [chr(b) for b in range(256)]  # labels only (Latin-1); decode() is the real reading of ids
+    chars: ClassVar[list[str]] = [chr(b) for b in range(256)]  # labels only (Latin-1); decode() is the real reading of ids
 
     def encode(self, text: str, unknown: UnknownPolicy = "error", replacement: str | None = None) -> list[int]:
         check_unknown_policy(unknown)  # every text has bytes: nothing is ever unknown

@@ -19,7 +19,7 @@ from torch import nn
 
 from charlm.checkpoint import TrainingState, save_training_checkpoint
 from charlm.config import Config
-from charlm.data import RandomWindows, Corpus, fixed_windows
+from charlm.data import Corpus, RandomWindows, fixed_windows
 from charlm.device import autocast, autocast_dtype, rng_state, seed_everything, set_rng_state
 from charlm.distributed import Dist
 from charlm.errors import CharlmError, Interrupted, UsageError, WorkError

@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import append_section  # noqa: E402
+from benchlib import append_section
 
 
 def matmul_peak(dtype: torch.dtype, device: str, n: int = 2048, seconds: float = 2.0) -> float:

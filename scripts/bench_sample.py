@@ -22,12 +22,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchlib import append_section  # noqa: E402
-from charlm.checkpoint import save_checkpoint  # noqa: E402
-from charlm.config import load_config  # noqa: E402
-from charlm.generate import SampleOptions, sample  # noqa: E402
-from charlm.model import GPT  # noqa: E402
-from charlm.tokenizer import CharTokenizer  # noqa: E402
+from benchlib import append_section
+
+from charlm.checkpoint import save_checkpoint
+from charlm.config import load_config
+from charlm.generate import SampleOptions, sample
+from charlm.model import GPT
+from charlm.tokenizer import CharTokenizer
 
 
 def main() -> None:

@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import machine  # noqa: E402
+from benchlib import machine
 
 # The baseline is spelled out so that the comparison does not drift when configs/cpu.yaml is retuned.
 BASELINE = ["model.pos_encoding=learned", "model.norm=layernorm", "model.norm_position=pre", "model.activation=gelu",

@@ -1,11 +1,11 @@
 """Regenerate docs/config.md from the config dataclasses:  python scripts/gen_config_docs.py"""
 
-from pathlib import Path
 import sys
+from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from charlm.config_docs import reference_markdown  # noqa: E402
+from charlm.config_docs import reference_markdown
 
 target = Path(__file__).resolve().parents[1] / "docs" / "config.md"
 target.write_text(reference_markdown(), encoding="utf-8")

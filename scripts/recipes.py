@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import append_section  # noqa: E402
+from benchlib import append_section
 
 
 def train(config: str, data: str, seed: int, sets: list[str], out_dir: Path) -> dict:

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import append_section  # noqa: E402
+from benchlib import append_section
 
 
 def timed(args: list[str]) -> tuple[str, float]:

@@ -5,14 +5,14 @@ import math
 
 import pytest
 import torch
+from conftest import SMALL, run_cli
 
 from charlm.checkpoint import load_checkpoint, save_checkpoint
 from charlm.config import Config, ModelConfig
 from charlm.generate import generate_ids
 from charlm.info import model_info
-from charlm.layers import alibi_slopes, sinusoidal_table, Rotary
+from charlm.layers import Rotary, alibi_slopes, sinusoidal_table
 from charlm.model import GPT
-from conftest import SMALL, run_cli
 
 V = 40
 BASE = dict(n_layer=2, n_head=2, n_embd=32, block_size=16, dropout=0.0)

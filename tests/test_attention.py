@@ -4,12 +4,12 @@ import json
 
 import pytest
 import torch
+from conftest import assert_one_line_error, run_cli
 
 from charlm.config import ModelConfig
 from charlm.generate import generate_ids
 from charlm.layers import attention_mask
 from charlm.model import GPT
-from conftest import assert_one_line_error, run_cli
 
 V = 11
 ENCODINGS = ["learned", "sinusoidal", "rope", "alibi"]

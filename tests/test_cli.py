@@ -1,7 +1,8 @@
 import json
 
-from charlm import __version__
 from conftest import SMALL, assert_one_line_error, run_cli
+
+from charlm import __version__
 
 
 def test_help_lists_the_commands_and_exit_codes():

@@ -9,7 +9,6 @@ import sys
 import time
 
 import pytest
-
 from conftest import REPO, SMALL, assert_one_line_error, run_cli
 
 

@@ -135,7 +135,8 @@ def test_missing_config_file_lists_the_shipped_ones():
 
 
 def test_docs_config_md_is_current():
-    from charlm.config_docs import reference_markdown
     from conftest import REPO
+
+    from charlm.config_docs import reference_markdown
 
     assert (REPO / "docs" / "config.md").read_text() == reference_markdown(), "run python scripts/gen_config_docs.py"

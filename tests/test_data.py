@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from charlm.data import RandomWindows, Corpus, full_pass_windows, read_text, split_text
+from charlm.data import Corpus, RandomWindows, full_pass_windows, read_text, split_text
 from charlm.errors import UsageError
 
 
@@ -55,7 +55,7 @@ def test_full_pass_scores_every_character_after_the_first_exactly_once():
 
 def test_invalid_utf8_is_refused_with_the_byte_offset(tmp_path):
     f = tmp_path / "latin1.txt"
-    f.write_bytes("caf".encode() + b"\xe9 au lait")
+    f.write_bytes(b"caf" + b"\xe9 au lait")
     with pytest.raises(UsageError, match="byte offset 3"):
         read_text(f)
 

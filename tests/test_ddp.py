@@ -12,14 +12,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import REPO, run_cli
 
 from charlm.checkpoint import load_checkpoint
 from charlm.config import load_config
-from charlm.data import RandomWindows, Corpus
+from charlm.data import Corpus, RandomWindows
 from charlm.device import seed_everything
 from charlm.model import GPT
 from charlm.trainer import make_optimizer, seed_for_rank
-from conftest import REPO, run_cli
 
 pytestmark = pytest.mark.slow
 TINY = ["--config", "tiny", "--set", "model.n_layer=1", "--set", "model.n_embd=32", "--set", "model.block_size=16",

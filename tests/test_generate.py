@@ -17,7 +17,7 @@ def model(seed=0) -> GPT:
 
 
 def greedy(m, prompt, n, use_cache):
-    return torch.stack(list(generate_ids(m, prompt, n, 1, lambda l: l.argmax(-1), use_cache)), 1)[0].tolist()
+    return torch.stack(list(generate_ids(m, prompt, n, 1, lambda logits: logits.argmax(-1), use_cache)), 1)[0].tolist()
 
 
 @pytest.mark.parametrize("prompt_len", [1, 5, BLOCK, BLOCK + 7, 3 * BLOCK])
@@ -55,7 +55,7 @@ def test_stop_strings_end_each_sample_on_its_own():
     result = sample(m, tok, tok.encode("the "), options)
     for text in result.samples:
         generated = text[4:]
-        assert generated.endswith("e") and generated.count("e") == 1 or ("e" not in generated and len(generated) == 200)
+        assert (generated.endswith("e") and generated.count("e") == 1) or ("e" not in generated and len(generated) == 200)
     assert result.generated_chars == sum(len(t) - 4 for t in result.samples)
 
 

@@ -5,12 +5,12 @@ import re
 import signal
 
 import pytest
+from conftest import REPO
 
 import charlm
 from charlm.config import TrainConfig, load_config
 from charlm.run import run_training
 from charlm.schedule import LRSchedule
-from conftest import REPO
 
 TINY = ["model.n_layer=1", "model.n_embd=32", "model.block_size=16", "train.eval_interval=10",
         "train.eval_windows=16", "train.max_steps=20"]

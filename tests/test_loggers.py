@@ -4,7 +4,6 @@ import csv
 import json
 
 import pytest
-
 from conftest import SMALL, assert_one_line_error, run_cli
 
 STEPS = ["--max-steps", "40", "--set", "train.log_interval=5"]  # SMALL evaluates every 10 steps

@@ -3,12 +3,12 @@
 import json
 
 import torch
+from conftest import SMALL, assert_one_line_error, run_cli
 
 from charlm.config import ModelConfig
 from charlm.info import model_info
 from charlm.layers import MixtureOfExperts
 from charlm.model import GPT
-from conftest import SMALL, assert_one_line_error, run_cli
 
 MOE = ModelConfig(n_layer=2, n_head=2, n_embd=16, block_size=8, n_experts=4, expert_top_k=2)
 

@@ -4,12 +4,12 @@ import json
 
 import pytest
 import torch
+from conftest import SMALL, run_cli
 
 from charlm.checkpoint import load_checkpoint
 from charlm.config import load_config
 from charlm.model import GPT
 from charlm.optim import make_optimizer
-from conftest import SMALL, run_cli
 
 MUON = ["--set", "train.optimizer=muon"]
 

@@ -6,9 +6,9 @@ import shutil
 import signal
 
 import pytest
+from conftest import REPO
 
 import charlm
-from conftest import REPO
 
 
 def _examples() -> list[str]:
@@ -101,7 +101,6 @@ def test_an_export_holds_weights_config_vocabulary_and_a_card(exported, tiny_che
 
 def test_an_export_gives_bit_identical_logits_and_the_same_samples(exported, tiny_checkpoint):
     import torch
-
     from conftest import run_cli
 
     a, b = charlm.load(tiny_checkpoint, device="cpu"), charlm.load(exported, device="cpu")

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import REPO, SMALL, assert_one_line_error, run_cli
 
 from charlm import checkpoint as ckpt_module
 from charlm.checkpoint import load_checkpoint, save_checkpoint
@@ -22,7 +23,6 @@ from charlm.device import require_torch
 from charlm.errors import UsageError, WorkError
 from charlm.files import atomic_write
 from charlm.run import run_training
-from conftest import REPO, SMALL, assert_one_line_error, run_cli
 
 
 def _metrics(run_dir: Path) -> list[dict]:

@@ -3,7 +3,6 @@
 import json
 
 import pytest
-
 from conftest import assert_one_line_error, run_cli
 
 

@@ -21,7 +21,7 @@ def test_every_character_is_scored_once_with_at_least_block_size_minus_stride_co
     scored = torch.zeros(n, dtype=torch.int64)
     windows = 0
     for x, y in strided_windows(ids, T, S, batch_size=5):
-        for row_x, row_y in zip(x, y):
+        for row_x, row_y in zip(x, y, strict=True):
             for j in torch.nonzero(row_y != IGNORE).flatten().tolist():
                 target = int(row_y[j])
                 assert target == int(row_x[j]) + 1 and int(row_x[0]) == target - j - 1  # y is x shifted by one

@@ -6,12 +6,12 @@ import shutil
 
 import pytest
 import torch
+from conftest import FULL_CORPUS_BYTES, SMALL, assert_one_line_error, run_cli
 
 from charlm.checkpoint import load_checkpoint, save_checkpoint
 from charlm.config import Config, ModelConfig
 from charlm.model import GPT
 from charlm.tokenizer import CharTokenizer
-from conftest import FULL_CORPUS_BYTES, SMALL, assert_one_line_error, run_cli
 
 
 def _metrics(run_dir):

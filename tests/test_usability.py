@@ -8,12 +8,11 @@ import os
 import pty
 import re
 import struct
-import termios
 import subprocess
 import sys
+import termios
 
 import pytest
-
 from conftest import REPO, SMALL, assert_one_line_error, run_cli
 
 
