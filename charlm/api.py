@@ -42,34 +42,59 @@ class Model:
 
     def __repr__(self) -> str:
         m = self.config.model
-        return (f"charlm.Model({str(self.path)!r}: {m.n_layer} layers x {m.n_embd} wide, context {m.block_size}, "
-                f"{self.tokenizer.vocab_size} characters)")
+        return (
+            f"charlm.Model({str(self.path)!r}: {m.n_layer} layers x {m.n_embd} wide, context {m.block_size}, "
+            f"{self.tokenizer.vocab_size} characters)"
+        )
 
     # -- generation --------------------------------------------------------------------------
 
-    def encode_prompt(self, prompt: str, unknown: UnknownPolicy = "error",
-                      replace_with: str | None = None) -> list[int]:
+    def encode_prompt(
+        self, prompt: str, unknown: UnknownPolicy = "error", replace_with: str | None = None
+    ) -> list[int]:
         """The prompt's ids; characters outside the vocabulary are an error unless `unknown` says skip or replace."""
         return encode_prompt(self.tokenizer, prompt, unknown, replace_with)
 
-    def sample(self, prompt_ids: list[int], options: SampleOptions,
-               on_text: Callable[[str], None] | None = None) -> SampleResult:
+    def sample(
+        self, prompt_ids: list[int], options: SampleOptions, on_text: Callable[[str], None] | None = None
+    ) -> SampleResult:
         """Every sample of one batch, with timing (what `charlm sample` prints); on_text streams sample 0."""
         return sample(self.module, self.tokenizer, prompt_ids, options, on_text=on_text)
 
-    def generate(self, prompt: str = "\n", max_new_tokens: int | None = None, temperature: float | None = None,
-                 top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
-                 stop: list[str] | None = None, unknown: UnknownPolicy = "error") -> str:
+    def generate(
+        self,
+        prompt: str = "\n",
+        max_new_tokens: int | None = None,
+        temperature: float | None = None,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        seed: int | None = None,
+        stop: list[str] | None = None,
+        unknown: UnknownPolicy = "error",
+    ) -> str:
         """The prompt and its continuation. Options left as None take the checkpoint's `sample` settings."""
-        options = check_sample_options(self.config, max_new_tokens=max_new_tokens, temperature=temperature,
-                                       top_k=top_k, top_p=top_p, seed=seed, stop=stop)
+        options = check_sample_options(
+            self.config,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            seed=seed,
+            stop=stop,
+        )
         return self.sample(self.encode_prompt(prompt, unknown), options).samples[0]
 
     # -- scoring -----------------------------------------------------------------------------
 
-    def evaluate(self, text_or_path: str | Path | None = None, split: str | None = None,
-                 unknown: UnknownPolicy = "error", replace_with: str | None = None,
-                 batch_size: int = 64, stride: int | None = None) -> EvalResult:
+    def evaluate(
+        self,
+        text_or_path: str | Path | None = None,
+        split: str | None = None,
+        unknown: UnknownPolicy = "error",
+        replace_with: str | None = None,
+        batch_size: int = 64,
+        stride: int | None = None,
+    ) -> EvalResult:
         """Loss (nats per character, or per byte for a byte model), bits and perplexity in one deterministic pass.
 
         A Path, or a one-line string naming an existing file or folder, is read as a corpus (prepared once, then
@@ -85,10 +110,14 @@ class Model:
             corpus = Corpus.from_config(source, self.tokenizer, unknown, replacement=replace_with)
         else:
             source_name, split = "<text>", split or "all"
-            ids = encode_compact(self.tokenizer.encode(str(text_or_path), unknown, replace_with),
-                                 self.tokenizer.vocab_size)
-            corpus = Corpus.from_ids(ids, self.tokenizer, data, source_name) if split != "all" else \
-                Corpus(self.tokenizer, ids, ids[:0], ids[:0], source_name, ids)
+            ids = encode_compact(
+                self.tokenizer.encode(str(text_or_path), unknown, replace_with), self.tokenizer.vocab_size
+            )
+            corpus = (
+                Corpus.from_ids(ids, self.tokenizer, data, source_name)
+                if split != "all"
+                else Corpus(self.tokenizer, ids, ids[:0], ids[:0], source_name, ids)
+            )
         if split not in ("train", "val", "test", "all"):
             raise UsageError(f"split must be train, val, test or all, got {split!r}")
         ids = corpus.split(split)
@@ -105,8 +134,10 @@ class Model:
         """Attention weights for a prompt of at most the context length: (n_layer, n_head, T, T), rows summing to 1."""
         ids = self.encode_prompt(prompt, unknown)
         if len(ids) > self.config.model.block_size:
-            raise UsageError(f"the prompt has {len(ids)} characters but the model's context is "
-                             f"{self.config.model.block_size}: shorten it")
+            raise UsageError(
+                f"the prompt has {len(ids)} characters but the model's context is "
+                f"{self.config.model.block_size}: shorten it"
+            )
         x = torch.tensor([ids], device=self.device)
         return self.module.attention_weights(x)[:, 0].float().cpu()  # (L, nh, T, T)
 
@@ -163,10 +194,18 @@ def _same_file(a: str | Path, b: str | Path) -> bool:
         return False
 
 
-def train(config: str | Path = cfg.DEFAULT_CONFIG, overrides: dict[str, Any] | None = None,
-          data: str | Path | None = None, out_dir: str | Path | None = None, *, resume: bool = False,
-          overwrite: bool = False, quiet: bool = False, init_from: str | Path | None = None,
-          extend_vocab: bool = False) -> dict[str, Any]:
+def train(
+    config: str | Path = cfg.DEFAULT_CONFIG,
+    overrides: dict[str, Any] | None = None,
+    data: str | Path | None = None,
+    out_dir: str | Path | None = None,
+    *,
+    resume: bool = False,
+    overwrite: bool = False,
+    quiet: bool = False,
+    init_from: str | Path | None = None,
+    extend_vocab: bool = False,
+) -> dict[str, Any]:
     """Train like `charlm train` and return its summary (the fields of `train --json`).
 
     `init_from` fine-tunes: the run starts from that checkpoint's, run folder's or export's weights, shape and
@@ -181,6 +220,14 @@ def train(config: str | Path = cfg.DEFAULT_CONFIG, overrides: dict[str, Any] | N
     options["data.path"] = ("data", None if data is None else str(data))
     settings, changes = requested_config(str(config), [], options, resume)
     run_dir = Path(out_dir) if out_dir is not None else Path("runs") / Path(str(config)).stem
-    summary = run_training(settings, run_dir, resume=resume, overwrite=overwrite, resume_changes=changes, quiet=quiet,
-                           init_from=init_from, extend_vocab=extend_vocab)
+    summary = run_training(
+        settings,
+        run_dir,
+        resume=resume,
+        overwrite=overwrite,
+        resume_changes=changes,
+        quiet=quiet,
+        init_from=init_from,
+        extend_vocab=extend_vocab,
+    )
     return summary.to_dict() if summary is not None else {}

@@ -49,11 +49,13 @@ def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
     atomic_write(path, lambda f: torch.save(state, f))
 
 
-def save_training_checkpoint(path: Path, config: Config, tokenizer: Tokenizer, model: torch.nn.Module,
-                             training: TrainingState) -> None:
+def save_training_checkpoint(
+    path: Path, config: Config, tokenizer: Tokenizer, model: torch.nn.Module, training: TrainingState
+) -> None:
     """A checkpoint that sample, eval and info read, and that `charlm train --resume` continues exactly."""
-    save_checkpoint(path, {"config": config.to_dict(), "vocab": tokenizer.chars, "model": model.state_dict(),
-                           **asdict(training)})
+    save_checkpoint(
+        path, {"config": config.to_dict(), "vocab": tokenizer.chars, "model": model.state_dict(), **asdict(training)}
+    )
 
 
 @dataclass
@@ -72,13 +74,21 @@ class Checkpoint:
         s = {**OPTIONAL_TRAINING_KEYS, **self.state}
         missing = [f.name for f in fields(TrainingState) if f.name not in s]
         if missing:
-            raise UsageError(f"checkpoint {self.path} lacks a usable training state (no {', '.join(missing)}); "
-                             "it cannot be resumed")
+            raise UsageError(
+                f"checkpoint {self.path} lacks a usable training state (no {', '.join(missing)}); it cannot be resumed"
+            )
         return TrainingState(
-            step=int(s["step"]), tokens=int(s["tokens"]), best_val_loss=float(s["best_val_loss"]),
-            evals_since_best=int(s["evals_since_best"]), elapsed_s=float(s["elapsed_s"]),
-            optimizer=s["optimizer"], scheduler=s["scheduler"], scaler=s["scaler"], world_size=int(s["world_size"]),
-            global_batch=int(s["global_batch"]), ranks=s["ranks"],
+            step=int(s["step"]),
+            tokens=int(s["tokens"]),
+            best_val_loss=float(s["best_val_loss"]),
+            evals_since_best=int(s["evals_since_best"]),
+            elapsed_s=float(s["elapsed_s"]),
+            optimizer=s["optimizer"],
+            scheduler=s["scheduler"],
+            scaler=s["scaler"],
+            world_size=int(s["world_size"]),
+            global_batch=int(s["global_batch"]),
+            ranks=s["ranks"],
         )
 
     def build_model(self, device: torch.device | str = "cpu") -> GPT:
@@ -87,9 +97,15 @@ class Checkpoint:
         weights = self.state["model"]
         if not isinstance(weights, dict):
             raise UsageError(f"checkpoint {self.path} is damaged: its model weights are not a state dict")
-        bad = [k for k, t in weights.items() if torch.is_tensor(t) and t.is_floating_point() and not torch.isfinite(t).all()]
+        bad = [
+            k
+            for k, t in weights.items()
+            if torch.is_tensor(t) and t.is_floating_point() and not torch.isfinite(t).all()
+        ]
         if bad:
-            raise UsageError(f"checkpoint {self.path} holds non-finite weights (in {bad[0]}); use an earlier checkpoint")
+            raise UsageError(
+                f"checkpoint {self.path} holds non-finite weights (in {bad[0]}); use an earlier checkpoint"
+            )
         try:
             model.load_state_dict(weights, strict=True)
         except RuntimeError as e:
@@ -117,8 +133,10 @@ def checkpoint_file(path: str | Path) -> Path:
             return path / "best.pt"
         if (path / "model.safetensors").is_file():
             return path
-        raise UsageError(f"{path} is a folder without best.pt: give a checkpoint file, a run folder of `charlm train` "
-                         "or a folder written by `charlm export`")
+        raise UsageError(
+            f"{path} is a folder without best.pt: give a checkpoint file, a run folder of `charlm train` "
+            "or a folder written by `charlm export`"
+        )
     return path
 
 
@@ -145,8 +163,9 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
 
 
 def _check(path: Path, state: Any) -> Checkpoint:
-    if not isinstance(state, dict) or any(k not in state for k in REQUIRED_KEYS):
-        raise UsageError(f"{path} is not a charlm checkpoint (missing {', '.join(k for k in REQUIRED_KEYS if not isinstance(state, dict) or k not in state)})")
+    missing = [k for k in REQUIRED_KEYS if not isinstance(state, dict) or k not in state]
+    if missing:
+        raise UsageError(f"{path} is not a charlm checkpoint (missing {', '.join(missing)})")
     version = state["format_version"]
     if version != FORMAT_VERSION:
         raise UsageError(

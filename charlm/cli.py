@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from charlm import __version__
+from charlm import __version__, cli_inspect
 from charlm.cli_support import (
     CHECKPOINT_HELP,
     DEVICE_HELP,
@@ -23,7 +23,6 @@ from charlm.cli_support import (
     checkpoint_path,
     complete_device,
     needs_torch,
-    pick_indices,
     print_json,
     remover_if_created,
     run_app,
@@ -52,8 +51,9 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def root(
-    version: Annotated[bool, typer.Option(
-        "--version", callback=_version, is_eager=True, help="Print the version and exit.")] = False,
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")
+    ] = False,
     debug: Annotated[bool, typer.Option("--debug", help="Show the Python traceback when something fails.")] = False,
 ) -> None:
     State.debug = debug
@@ -64,39 +64,63 @@ def root(
 
 @app.command()
 def download(
-    name: Annotated[Corpus, typer.Argument(
-        help="Which corpus: tinyshakespeare (1.1 MB), enwik8 (10^8 bytes of Wikipedia XML) or text8 (10^8 "
-             "cleaned characters); each archive's SHA-256 is pinned.", show_default=True)] = Corpus.tinyshakespeare,
-    url: Annotated[Optional[str], typer.Option(
-        help="http://, https:// or file:// URL of a mirror (it must hold the same bytes) or of another text. Default: "
-             "$CHARLM_DATA_URL (tinyshakespeare), $CHARLM_ENWIK8_URL, $CHARLM_TEXT8_URL, else the canonical "
-             "URL.")] = None,
-    dest: Annotated[Optional[Path], typer.Option(
-        help="Where to write the text. Default: data/tinyshakespeare.txt, data/enwik8 or data/text8.",
-        show_default=False)] = None,
-    sha256: Annotated[Optional[str], typer.Option(
-        help="Expected SHA-256 (hex) of another file. Default: the corpus's pinned one.")] = None,
+    name: Annotated[
+        Corpus,
+        typer.Argument(
+            help="Which corpus: tinyshakespeare (1.1 MB), enwik8 (10^8 bytes of Wikipedia XML) or text8 (10^8 "
+            "cleaned characters); each archive's SHA-256 is pinned.",
+            show_default=True,
+        ),
+    ] = Corpus.tinyshakespeare,
+    url: Annotated[
+        Optional[str],
+        typer.Option(
+            help="http://, https:// or file:// URL of a mirror (it must hold the same bytes) or of another text. "
+            "Default: $CHARLM_DATA_URL (tinyshakespeare), $CHARLM_ENWIK8_URL, $CHARLM_TEXT8_URL, else the canonical "
+            "URL."
+        ),
+    ] = None,
+    dest: Annotated[
+        Optional[Path],
+        typer.Option(
+            help="Where to write the text. Default: data/tinyshakespeare.txt, data/enwik8 or data/text8.",
+            show_default=False,
+        ),
+    ] = None,
+    sha256: Annotated[
+        Optional[str], typer.Option(help="Expected SHA-256 (hex) of another file. Default: the corpus's pinned one.")
+    ] = None,
     no_verify: Annotated[bool, typer.Option("--no-verify", help="Skip the SHA-256 check (for other corpora).")] = False,
     force: Annotated[bool, typer.Option("--force", help="Download again even if the file is already there.")] = False,
-    retries: Annotated[int, typer.Option(
-        min=0, max=10, help="Extra attempts after a transient failure (backoff 1, 2, 4, 8 s).")] = 4,
+    retries: Annotated[
+        int, typer.Option(min=0, max=10, help="Extra attempts after a transient failure (backoff 1, 2, 4, 8 s).")
+    ] = 4,
     timeout: Annotated[float, typer.Option(min=0.1, help="Seconds to wait for the server on each attempt.")] = 10.0,
 ) -> None:
-    """Fetch a corpus (tiny-shakespeare by default; enwik8, text8) and verify its SHA-256; zipped ones are
-    extracted. A verified file that is already there is kept."""
+    """Fetch tiny-shakespeare (or enwik8, text8), check its pinned SHA-256, unzip; keeps a verified file."""
     from charlm import download as dl
     from charlm.progress import DownloadBar, stderr_console
 
     corpus = dl.builtin_corpus(name.value)
     target = dest or corpus.dest
     with DownloadBar(target.name) as bar:
-        result = dl.download_corpus(corpus, url, dest, sha256, verify=not no_verify, force=force, retries=retries,
-                                    timeout=timeout, progress=bar.update)
+        result = dl.download_corpus(
+            corpus,
+            url,
+            dest,
+            sha256,
+            verify=not no_verify,
+            force=force,
+            retries=retries,
+            timeout=timeout,
+            progress=bar.update,
+        )
     verified = not no_verify
     kept = "already there, verified" if verified else "already there (not verified)"
     what = "downloaded" if result.downloaded else kept
-    stderr_console().print(f"{result.path}: {what} ({result.bytes:,} bytes, sha256 {result.sha256[:16]}...)",
-                           markup=False)
+    stderr_console().print(
+        f"{result.path}: {what} ({result.bytes:,} bytes, sha256 {result.sha256[:16]}...)", markup=False
+    )
 
 
 # ---------------------------------------------------------------------------- train
@@ -106,25 +130,44 @@ def download(
 def train(
     config: ConfigOption = None,
     set_: SetOption = None,
-    data: Annotated[Optional[str], typer.Option(
-        help="Text file, or folder of text files, to train on (data.path).")] = None,
+    data: Annotated[
+        Optional[str], typer.Option(help="Text file, or folder of text files, to train on (data.path).")
+    ] = None,
     out_dir: Annotated[Optional[Path], typer.Option(help="Run folder. Default: runs/<config name>.")] = None,
-    device: Annotated[Optional[str], typer.Option(help=f"{DEVICE_HELP} (train.device)",
-                                                  autocompletion=complete_device)] = None,
+    device: Annotated[
+        Optional[str], typer.Option(help=f"{DEVICE_HELP} (train.device)", autocompletion=complete_device)
+    ] = None,
     max_steps: Annotated[Optional[int], typer.Option(help="Optimizer steps at most (train.max_steps).")] = None,
-    max_seconds: Annotated[Optional[float], typer.Option(
-        help="Training time budget in seconds (train.max_seconds).")] = None,
+    max_seconds: Annotated[
+        Optional[float], typer.Option(help="Training time budget in seconds (train.max_seconds).")
+    ] = None,
     seed: Annotated[Optional[int], typer.Option(help="Random seed (train.seed).")] = None,
-    resume: Annotated[bool, typer.Option(
-        "--resume", help="Continue the run in --out-dir from its last.pt (settings equal to the run's are fine; only "
-                         "limits and schedule knobs may change).")] = False,
+    resume: Annotated[
+        bool,
+        typer.Option(
+            "--resume",
+            help="Continue the run in --out-dir from its last.pt (settings equal to the run's are fine; only "
+            "limits and schedule knobs may change).",
+        ),
+    ] = False,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace the run already in --out-dir.")] = False,
-    init_from: Annotated[Optional[str], typer.Option(
-        "--init-from", help="Fine-tune: start a new run from this checkpoint's, run folder's or export's weights "
-                            "(its shape and vocabulary; fresh optimizer and schedule).", show_default=False)] = None,
-    extend_vocab: Annotated[bool, typer.Option(
-        "--extend-vocab", help="With --init-from: give characters the model has never seen new embedding and head "
-                               "rows instead of refusing the text.")] = False,
+    init_from: Annotated[
+        Optional[str],
+        typer.Option(
+            "--init-from",
+            help="Fine-tune: start a new run from this checkpoint's, run folder's or export's weights "
+            "(its shape and vocabulary; fresh optimizer and schedule).",
+            show_default=False,
+        ),
+    ] = None,
+    extend_vocab: Annotated[
+        bool,
+        typer.Option(
+            "--extend-vocab",
+            help="With --init-from: give characters the model has never seen new embedding and head "
+            "rows instead of refusing the text.",
+        ),
+    ] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print the summary as one JSON object on stdout.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar or evaluation lines.")] = False,
 ) -> None:
@@ -141,16 +184,26 @@ def train(
     if extend_vocab and init_from is None:
         raise UsageError("--extend-vocab extends the vocabulary of an --init-from model; add --init-from CKPT")
     options = {
-        "data.path": ("--data", data), "train.device": ("--device", device),
-        "train.max_steps": ("--max-steps", max_steps), "train.max_seconds": ("--max-seconds", max_seconds),
+        "data.path": ("--data", data),
+        "train.device": ("--device", device),
+        "train.max_steps": ("--max-steps", max_steps),
+        "train.max_seconds": ("--max-seconds", max_seconds),
         "train.seed": ("--seed", seed),
     }
     settings, changes = requested_config(config, set_ or [], options, resume)
     run_dir = out_dir or Path("runs") / Path(config or DEFAULT_CONFIG).stem
     with StopSignals(before_exit=remover_if_created(run_dir)) as stop:
-        summary = run_training(settings, run_dir, resume=resume, overwrite=overwrite, resume_changes=changes,
-                               reporter=TrainReporter(quiet), stop=stop, init_from=init_from,
-                               extend_vocab=extend_vocab)
+        summary = run_training(
+            settings,
+            run_dir,
+            resume=resume,
+            overwrite=overwrite,
+            resume_changes=changes,
+            reporter=TrainReporter(quiet),
+            stop=stop,
+            init_from=init_from,
+            extend_vocab=extend_vocab,
+        )
     if summary is None:  # a rank other than 0 under torchrun: rank 0 reports
         return
     if json_out:
@@ -165,34 +218,49 @@ def train(
 @app.command("eval")
 def eval_(
     checkpoint: Annotated[Optional[str], typer.Argument(help=CHECKPOINT_HELP, show_default=False)] = None,
-    data: Annotated[Optional[str], typer.Option(
-        help="Text file or folder to score. Default: the corpus the model was trained on.")] = None,
-    split: Annotated[Optional[Split], typer.Option(
-        help="val: the validation split, as in training; test: the test split (data.test_size or "
-             "data.test_fraction); train; all: the whole file. Default: val of the run's own corpus, all of any "
-             "other --data file.", show_default=False)] = None,
-    stride: Annotated[Optional[int], typer.Option(
-        min=1, help="Windows this many tokens apart, each scoring only what the one before did not, so every scored "
-                    "token after the first window sees at least block_size - stride earlier ones (1: the papers' "
-                    "fixed context). Default: block_size (non-overlapping windows).", show_default=False)] = None,
+    data: Annotated[
+        Optional[str], typer.Option(help="Text file or folder to score. Default: the corpus the model was trained on.")
+    ] = None,
+    split: Annotated[
+        Optional[Split],
+        typer.Option(
+            help="val: the validation split, as in training; test: the test split (data.test_size or "
+            "data.test_fraction); train; all: the whole file. Default: val of the run's own corpus, all of any "
+            "other --data file.",
+            show_default=False,
+        ),
+    ] = None,
+    stride: Annotated[
+        Optional[int],
+        typer.Option(
+            min=1,
+            help="Windows this many tokens apart, each scoring only what the one before did not, so every scored "
+            "token after the first window sees at least block_size - stride earlier ones (1: the papers' "
+            "fixed context). Default: block_size (non-overlapping windows).",
+            show_default=False,
+        ),
+    ] = None,
     unknown: Annotated[Unknown, typer.Option(help="Characters outside the model's vocabulary.")] = Unknown.error,
-    replace_with: Annotated[Optional[str], typer.Option(
-        help="Character used by --unknown replace. Default: space.")] = None,
+    replace_with: Annotated[
+        Optional[str], typer.Option(help="Character used by --unknown replace. Default: space.")
+    ] = None,
     device: DeviceOption = "auto",
     batch_size: Annotated[int, typer.Option(min=1, help="Windows per forward pass.")] = 64,
-    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object: loss, bpc, perplexity, chars, "
-                                                           "split, file, stride, unit.")] = False,
+    json_out: Annotated[
+        bool,
+        typer.Option("--json", help="Print one JSON object: loss, bpc, perplexity, chars, split, file, stride, unit."),
+    ] = False,
 ) -> None:
-    """Score a checkpoint on text in one deterministic pass: nats and bits per character (per byte for byte models),
-    perplexity."""
+    """Score a checkpoint in one deterministic pass: nats and bits per character (per byte), perplexity."""
     needs_torch()
     from charlm.api import load
     from charlm.report import print_eval_result
 
     check_replacement(replace_with)
     model = load(checkpoint_path(checkpoint), device)  # a bad checkpoint is reported before a bad text
-    result = model.evaluate(Path(data) if data else None, split.value if split else None, unknown.value,
-                            replace_with, batch_size, stride)
+    result = model.evaluate(
+        Path(data) if data else None, split.value if split else None, unknown.value, replace_with, batch_size, stride
+    )
     if json_out:
         print_json(result.to_dict())
     else:
@@ -206,33 +274,53 @@ def eval_(
 def sample_(
     checkpoint: Annotated[Optional[str], typer.Argument(help=CHECKPOINT_HELP, show_default=False)] = None,
     prompt: Annotated[Optional[str], typer.Option(help="Text to continue. Default: a newline.")] = None,
-    prompt_file: Annotated[Optional[str], typer.Option(help="Read the prompt from this UTF-8 file instead; - reads "
-                                                            "standard input.")] = None,
-    max_new_tokens: Annotated[Optional[int], typer.Option(
-        min=0, help="Characters to generate per sample. Default: the checkpoint's sample.max_new_tokens.")] = None,
-    temperature: Annotated[Optional[float], typer.Option(
-        min=0.0, help="Softmax temperature; 0 = greedy (argmax).")] = None,
-    top_k: Annotated[Optional[int], typer.Option(
-        min=1, help="Keep only the K most likely characters (clamped to the vocabulary).")] = None,
-    top_p: Annotated[Optional[float], typer.Option(
-        help="Nucleus: keep the smallest set of characters reaching probability P (0 < P <= 1).")] = None,
-    seed: Annotated[Optional[int], typer.Option(
-        help="Same seed and options give the same text on the same device.")] = None,
+    prompt_file: Annotated[
+        Optional[str], typer.Option(help="Read the prompt from this UTF-8 file instead; - reads standard input.")
+    ] = None,
+    max_new_tokens: Annotated[
+        Optional[int],
+        typer.Option(min=0, help="Characters to generate per sample. Default: the checkpoint's sample.max_new_tokens."),
+    ] = None,
+    temperature: Annotated[
+        Optional[float], typer.Option(min=0.0, help="Softmax temperature; 0 = greedy (argmax).")
+    ] = None,
+    top_k: Annotated[
+        Optional[int], typer.Option(min=1, help="Keep only the K most likely characters (clamped to the vocabulary).")
+    ] = None,
+    top_p: Annotated[
+        Optional[float],
+        typer.Option(help="Nucleus: keep the smallest set of characters reaching probability P (0 < P <= 1)."),
+    ] = None,
+    seed: Annotated[
+        Optional[int], typer.Option(help="Same seed and options give the same text on the same device.")
+    ] = None,
     num_samples: Annotated[int, typer.Option(min=1, max=1024, help="Samples generated together as one batch.")] = 1,
-    stop: Annotated[Optional[list[str]], typer.Option(
-        help="End a sample at the first occurrence of this string (included). Repeatable.")] = None,
+    stop: Annotated[
+        Optional[list[str]],
+        typer.Option(help="End a sample at the first occurrence of this string (included). Repeatable."),
+    ] = None,
     unknown: Annotated[Unknown, typer.Option(help="Prompt characters outside the vocabulary.")] = Unknown.error,
-    replace_with: Annotated[Optional[str], typer.Option(
-        help="Character used by --unknown replace. Default: space.")] = None,
+    replace_with: Annotated[
+        Optional[str], typer.Option(help="Character used by --unknown replace. Default: space.")
+    ] = None,
     device: DeviceOption = "auto",
-    stream: Annotated[Optional[bool], typer.Option(
-        "--stream/--no-stream",
-        help="Print characters as they come (default: on a terminal, with one sample).")] = None,
-    no_cache: Annotated[bool, typer.Option(
-        "--no-cache", help="Recompute the whole window every step (slow; the reference path).")] = False,
-    json_out: Annotated[bool, typer.Option(
-        "--json", help='Print one JSON object: {"samples": [...], "chars_per_s": ..., "replaced": N} (replaced: '
-                       "characters a byte model produced that were not valid UTF-8, shown as U+FFFD).")] = False,
+    stream: Annotated[
+        Optional[bool],
+        typer.Option(
+            "--stream/--no-stream", help="Print characters as they come (default: on a terminal, with one sample)."
+        ),
+    ] = None,
+    no_cache: Annotated[
+        bool, typer.Option("--no-cache", help="Recompute the whole window every step (slow; the reference path).")
+    ] = False,
+    json_out: Annotated[
+        bool,
+        typer.Option(
+            "--json",
+            help='Print one JSON object: {"samples": [...], "chars_per_s": ..., "replaced": N} (replaced: '
+            "characters a byte model produced that were not valid UTF-8, shown as U+FFFD).",
+        ),
+    ] = False,
 ) -> None:
     """Generate text from a checkpoint, continuing a prompt (KV-cached; temperature, top-k, top-p, stop strings)."""
     needs_torch()
@@ -245,9 +333,17 @@ def sample_(
     check_sample_flags(top_p=top_p, stop=stop)  # flag mistakes first, before looking for a checkpoint
     model = load(checkpoint_path(checkpoint), device)  # a bad checkpoint is reported before a bad prompt
     text = read_prompt(prompt_file) if prompt_file is not None else ("\n" if prompt is None else prompt)
-    options = check_sample_options(model.config, max_new_tokens=max_new_tokens, temperature=temperature,
-                                   top_k=top_k, top_p=top_p, seed=seed, stop=stop or [], num_samples=num_samples,
-                                   use_cache=not no_cache)
+    options = check_sample_options(
+        model.config,
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        seed=seed,
+        stop=stop or [],
+        num_samples=num_samples,
+        use_cache=not no_cache,
+    )
     prompt_ids = model.encode_prompt(text, unknown.value, replace_with)
     streaming = not json_out and num_samples == 1 and (stream if stream is not None else sys.stdout.isatty())
     if streaming:
@@ -264,143 +360,15 @@ def sample_(
             sys.stdout.write(sample_text + "\n")
 
 
-# ---------------------------------------------------------------------------- info
+# ---------------------------------------------------------------------------- info, attention, export, plot, config
 
-
-@app.command()
-def info(
-    checkpoint: Annotated[Optional[str], typer.Argument(
-        help="Checkpoint file or run folder. Default: --config if given, else the newest runs/*/best.pt, else the cpu "
-             "config.", show_default=False)] = None,
-    config: ConfigOption = None,
-    set_: SetOption = None,
-    vocab_size: Annotated[Optional[int], typer.Option(
-        min=1, help="Vocabulary size with --config. Default: 65 (tiny-shakespeare's), 256 for a byte tokenizer.",
-        show_default=False)] = None,
-    json_out: Annotated[bool, typer.Option(
-        "--json", help="Print one JSON object (total_params, flops_per_token, components).")] = False,
-) -> None:
-    """Parameters per component and training FLOPs per token, each beside its formula."""
-    needs_torch()
-    from charlm import config as cfg
-    from charlm.checkpoint import RUNS_DIR, load_checkpoint
-    from charlm.info import model_info
-    from charlm.report import print_model_info
-
-    if checkpoint is not None and (config is not None or set_):
-        raise UsageError("give a checkpoint or --config/--set, not both")
-    if checkpoint is None and config is None and not set_ and any(RUNS_DIR.glob("**/best.pt")):
-        checkpoint = str(checkpoint_path(None))
-    if checkpoint is not None:
-        ckpt = load_checkpoint(checkpoint)
-        ckpt.build_model()  # the same checks as eval and sample: shapes, vocabulary, finite weights
-        model_config, vocab, title = ckpt.config.model, ckpt.tokenizer.vocab_size, str(ckpt.path)
-    else:
-        loaded = cfg.load_config(config or cfg.DEFAULT_CONFIG, set_ or [])
-        model_config = loaded.model
-        vocab = vocab_size or (256 if loaded.data.tokenizer == "byte" else 65)
-        title = f"{config or cfg.DEFAULT_CONFIG} (vocabulary {vocab})"
-    result = model_info(model_config, vocab)
-    if json_out:
-        print_json(result.to_dict())
-    else:
-        print_model_info(result, title)
-
-
-# ---------------------------------------------------------------------------- attention
-
-
-@app.command()
-def attention(
-    checkpoint: Annotated[Optional[str], typer.Argument(help=CHECKPOINT_HELP, show_default=False)] = None,
-    prompt: Annotated[str, typer.Option(help="Text to look at (at most the model's context length).")] = "ROMEO: ",
-    output: Annotated[Path, typer.Option("--output", "-o", help="PNG file to write.")] = Path("attention.png"),
-    layer: Annotated[Optional[list[int]], typer.Option(
-        help="Layer to show (repeatable; 0-based). Default: all.")] = None,
-    head: Annotated[Optional[list[int]], typer.Option(help="Head to show (repeatable; 0-based). Default: all.")] = None,
-    json_out: Annotated[bool, typer.Option(
-        "--json", help='Print {"chars": [...], "layers": [...], "heads": [...], "weights": layers x heads x T x T} '
-                       "instead of drawing.")] = False,
-) -> None:
-    """Attention maps: one heatmap per layer and head, the prompt's characters along both axes."""
-    needs_torch()
-    from charlm.api import load
-    from charlm.progress import stderr_console
-
-    model = load(checkpoint_path(checkpoint), "cpu")
-    weights = model.attention(prompt)  # (L, nh, T, T)
-    layers = pick_indices("--layer", layer, weights.size(0))
-    heads = pick_indices("--head", head, weights.size(1))
-    chars = [model.tokenizer.decode([i]) for i in model.encode_prompt(prompt)]
-    if json_out:
-        picked = weights[layers][:, heads]
-        print_json({"chars": chars, "layers": layers, "heads": heads, "weights": picked.tolist()})
-        return
-    from charlm.plot import plot_attention
-
-    plot_attention(weights, chars, layers, heads, output, f"attention of {model.path} on {prompt!r}")
-    stderr_console().print(f"wrote {output} ({len(layers)} layers x {len(heads)} heads, {len(chars)} characters)",
-                           markup=False)
-
-
-# ---------------------------------------------------------------------------- export
-
-
-@app.command("export")
-def export_(
-    paths: Annotated[list[str], typer.Argument(
-        metavar="[CKPT] DIR", show_default=False,
-        help="Checkpoint file or run folder (default: the newest runs/*/best.pt), then the folder to write.")],
-) -> None:
-    """Write a model anyone can load without unpickling: model.safetensors, config.json, vocab.json, README.md."""
-    needs_torch()
-    from charlm.api import export
-    from charlm.progress import stderr_console
-
-    if len(paths) > 2:
-        raise UsageError(f"charlm export takes [CKPT] DIR, got {len(paths)} paths")
-    source = checkpoint_path(paths[0] if len(paths) == 2 else None)
-    written = export(source, Path(paths[-1]))
-    stderr_console().print(f"exported {source} to {paths[-1]}: {', '.join(p.name for p in written)}", markup=False)
-
-
-# ---------------------------------------------------------------------------- plot and config
-
-
-@app.command()
-def plot(
-    run_dirs: Annotated[list[Path], typer.Argument(help="One or more run folders (each with metrics.jsonl).")],
-    output: Annotated[Path, typer.Option("--output", "-o", help="PNG file to write.")] = Path("loss.png"),
-) -> None:
-    """Plot train and val loss against step and wall time, with the learning rate (needs the plot extra:
-    pip install -e ".[plot]")."""
-    from charlm.plot import plot_runs
-    from charlm.progress import stderr_console
-
-    written = plot_runs(run_dirs, output)
-    stderr_console().print(f"wrote {written}")
-
-
-@app.command("config")
-def config_(
-    config: ConfigOption = None,
-    set_: SetOption = None,
-    show: Annotated[bool, typer.Option(
-        "--show", help="Print the resolved configuration as YAML (the default).")] = False,
-    keys: Annotated[bool, typer.Option("--keys", help="List every key with its type, default and meaning.")] = False,
-) -> None:
-    """Print the configuration a `charlm train` with the same --config/--set would use (every key, resolved)."""
-    from charlm import config as cfg
-
-    if keys:
-        if show or config is not None or set_:
-            raise UsageError("--keys lists every key with its default; it takes no --show, --config or --set")
-        from charlm.config_docs import key_reference
-        from charlm.report import print_config_keys
-
-        print_config_keys(key_reference())
-        return
-    sys.stdout.write(cfg.load_config(config or cfg.DEFAULT_CONFIG, set_ or []).to_yaml())
+# Commands that look at a model or at settings live in cli_inspect.py; registered here, after the main four, so that
+# `charlm --help` lists them in this order.
+app.command()(cli_inspect.info)
+app.command()(cli_inspect.attention)
+app.command("export")(cli_inspect.export_)
+app.command()(cli_inspect.plot)
+app.command("config")(cli_inspect.config_)
 
 
 # ---------------------------------------------------------------------------- entry point

@@ -8,13 +8,12 @@ import signal
 import sys
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional, cast
 
 import typer
 from rich.markup import escape
 
 from charlm.config import DEVICE_NAMES  # no torch behind it: --help stays fast
-from charlm.download import CORPORA
 from charlm.errors import USAGE_EXIT, CharlmError, Interrupted, UsageError
 
 CHECKPOINT_HELP = "Checkpoint file, run folder (its best.pt) or export. Default: the newest runs/*/best.pt."
@@ -25,9 +24,22 @@ class State:
 
 
 # Fixed choices as Enums: --help lists them and the shell completes them.
-Corpus = Enum("Corpus", {name: name for name in CORPORA}, type=str)
-Split = Enum("Split", {name: name for name in ("val", "test", "train", "all")}, type=str)
-Unknown = Enum("Unknown", {name: name for name in ("error", "skip", "replace")}, type=str)
+class Corpus(str, Enum):
+    """The built-in corpora (charlm.download.CORPORA; a test keeps the two in step)."""
+
+    tinyshakespeare = "tinyshakespeare"
+    enwik8 = "enwik8"
+    text8 = "text8"
+
+
+class Split(str, Enum):
+    val = "val"
+    test = "test"
+    train = "train"
+    all = "all"
+
+
+Unknown = Enum("Unknown", {"error": "error", "skip": "skip", "replace": "replace"}, type=str)  # .replace: a str method
 
 
 DEVICES = ("auto", "cpu", "cuda", "mps")
@@ -38,10 +50,16 @@ def complete_device(incomplete: str) -> list[str]:
     return [d for d in DEVICES if d.startswith(incomplete)]
 
 
-ConfigOption = Annotated[Optional[str], typer.Option(
-    "--config", "-c", help="YAML config file, or a shipped config's name (tiny, cpu, notebook, gpu). Default: cpu.")]
-SetOption = Annotated[Optional[list[str]], typer.Option(
-    "--set", help="Override one key: section.key=value (repeatable), e.g. --set train.lr=3e-4.")]
+ConfigOption = Annotated[
+    Optional[str],
+    typer.Option(
+        "--config", "-c", help="YAML config file, or a shipped config's name (tiny, cpu, notebook, gpu). Default: cpu."
+    ),
+]
+SetOption = Annotated[
+    Optional[list[str]],
+    typer.Option("--set", help="Override one key: section.key=value (repeatable), e.g. --set train.lr=3e-4."),
+]
 DeviceOption = Annotated[str, typer.Option(help=DEVICE_HELP, autocompletion=complete_device)]
 
 
@@ -123,14 +141,18 @@ def run_app(app: typer.Typer, argv: list[str] | None = None) -> None:
         code = 130
     except Exception as e:
         if _is_click_usage_error(e):  # bad flag or argument, as the parser found it
-            where = e.ctx.command_path if getattr(e, "ctx", None) else "charlm"
-            console.print(f"[red]error:[/red] {escape(e.format_message())} (see '{where} --help')")
+            ctx = getattr(e, "ctx", None)
+            where = ctx.command_path if ctx else "charlm"
+            message = cast(Any, e).format_message()  # click's UsageError (typer may bundle its own click)
+            console.print(f"[red]error:[/red] {escape(message)} (see '{where} --help')")
             code = USAGE_EXIT
         elif State.debug:
             raise
         else:
-            console.print(f"[red]internal error:[/red] {escape(f'{type(e).__name__}: {e}')} "
-                          "(rerun with --debug for the traceback)")
+            console.print(
+                f"[red]internal error:[/red] {escape(f'{type(e).__name__}: {e}')} "
+                "(rerun with --debug for the traceback)"
+            )
             code = 1
     sys.exit(code or 0)
 

@@ -11,6 +11,7 @@ import difflib
 import math
 import types
 import typing
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -44,15 +45,24 @@ Logger = Literal["jsonl", "csv", "tensorboard", "wandb"]
 
 @dataclass
 class DataConfig:
-    path: str = documented("data/tinyshakespeare.txt", "text file, or folder of text files joined in name order, to "
-                           "train on (downloaded when it is a built-in corpus's path and missing)")
+    path: str = documented(
+        "data/tinyshakespeare.txt",
+        "text file, or folder of text files joined in name order, to "
+        "train on (downloaded when it is a built-in corpus's path and missing)",
+    )
     tokenizer: Literal["char", "byte"] = documented(
-        "char", "char: one id per distinct character of a UTF-8 text; byte: ids are byte values (256; any file)")
-    val_fraction: float = documented(0.1, "fraction of the text held out for validation (after the training part)",
-                                     gt=0.0, lt=1.0)
+        "char", "char: one id per distinct character of a UTF-8 text; byte: ids are byte values (256; any file)"
+    )
+    val_fraction: float = documented(
+        0.1, "fraction of the text held out for validation (after the training part)", gt=0.0, lt=1.0
+    )
     val_size: int = documented(0, "exact tokens held out for validation (0 = use data.val_fraction)", ge=0)
-    test_fraction: float = documented(0.0, "last fraction of the text held out for testing (never trained on or "
-                                           "used for choosing best.pt)", ge=0.0, lt=1.0)
+    test_fraction: float = documented(
+        0.0,
+        "last fraction of the text held out for testing (never trained on or used for choosing best.pt)",
+        ge=0.0,
+        lt=1.0,
+    )
     test_size: int = documented(0, "exact tokens held out for testing (0 = use data.test_fraction)", ge=0)
 
 
@@ -65,29 +75,37 @@ class ModelConfig:
     dropout: float = documented(0.0, "dropout probability in attention, MLP and embeddings", ge=0.0, lt=1.0)
     bias: bool = documented(True, "biases in Linear layers and LayerNorms")
     pos_encoding: Literal["learned", "sinusoidal", "rope", "alibi"] = documented(
-        "learned", "positions: learned or sinusoidal (absolute, added to embeddings); rope or alibi (relative, in attention)"
+        "learned",
+        "positions: learned or sinusoidal (absolute, added to embeddings); rope or alibi (relative, in attention)",
     )
     norm: Literal["layernorm", "rmsnorm"] = documented("layernorm", "normalisation layer")
-    norm_position: Literal["pre", "post"] = documented("pre", "pre: x + f(norm(x)) (GPT-2); post: norm(x + f(x)) (original paper)")
+    norm_position: Literal["pre", "post"] = documented(
+        "pre", "pre: x + f(norm(x)) (GPT-2); post: norm(x + f(x)) (original paper)"
+    )
     activation: Literal["relu", "gelu", "swiglu", "relu2"] = documented(
-        "gelu", "feed-forward activation (swiglu uses 2/3 of the hidden width; relu2 is relu(x)^2)")
+        "gelu", "feed-forward activation (swiglu uses 2/3 of the hidden width; relu2 is relu(x)^2)"
+    )
     ffn_mult: float = documented(4.0, "feed-forward hidden width as a multiple of n_embd", gt=0.0)
     tie_weights: bool = documented(True, "share the output head's weights with the token embedding")
     qkv_bias: bool | None = documented(None, "biases in the Q/K/V projections (null = model.bias)")
     proj_bias: bool | None = documented(None, "bias in attention's output projection W_O (null = model.bias)")
     ffn_bias: bool | None = documented(None, "biases in the feed-forward layers (null = model.bias)")
     head_bias: bool = documented(False, "a bias in the output head's logits (GPT-2 has none)")
-    n_experts: int = documented(0, "feed-forward experts per block (0 = one dense feed-forward; mixture of experts)",
-                                ge=0)
+    n_experts: int = documented(
+        0, "feed-forward experts per block (0 = one dense feed-forward; mixture of experts)", ge=0
+    )
     expert_top_k: int = documented(2, "experts each token is routed to, when n_experts > 0", ge=1)
     moe_aux_weight: float = documented(0.01, "weight of the load-balancing loss added while training", ge=0.0)
     qk_norm: bool = documented(False, "RMS-normalise queries and keys per head before the scores (QK-norm)")
-    zero_init_proj: bool = documented(False, "start W_O and the feed-forward's output projection at zero, so each "
-                                             "block begins as the identity")
+    zero_init_proj: bool = documented(
+        False, "start W_O and the feed-forward's output projection at zero, so each block begins as the identity"
+    )
     logit_softcap: float = documented(0.0, "cap the output logits smoothly: c * tanh(logits / c) (0 = off)", ge=0.0)
     attention: Literal["fused", "explicit"] = documented(
-        "fused", "fused: torch's scaled_dot_product_attention kernel; explicit: softmax(QKᵀ/√d_head + mask) V "
-        "written out (same results, slower; can return the weights)")
+        "fused",
+        "fused: torch's scaled_dot_product_attention kernel; explicit: softmax(QKᵀ/√d_head + mask) V "
+        "written out (same results, slower; can return the weights)",
+    )
 
 
 @dataclass
@@ -97,45 +115,66 @@ class TrainConfig:
     max_steps: int = documented(5000, "optimizer steps at most (0 = no step limit)", ge=0)
     max_seconds: float = documented(0.0, "wall-clock budget for training in seconds, per invocation (0 = none)", ge=0.0)
     optimizer: Literal["adamw", "muon"] = documented(
-        "adamw", "adamw: AdamW for every parameter; muon: torch.optim.Muon (momentum orthogonalised by Newton-Schulz "
-        "steps) for the blocks' weight matrices, AdamW for embeddings, head, norms and biases")
-    lr: float = documented(1e-3, "peak learning rate of AdamW (the schedule's reference: other lrs scale with it)",
-                           gt=0.0)
-    embed_lr: float | None = documented(None, "peak AdamW lr of the token and position embeddings (null = train.lr)",
-                                        gt=0.0)
+        "adamw",
+        "adamw: AdamW for every parameter; muon: torch.optim.Muon (momentum orthogonalised by Newton-Schulz "
+        "steps) for the blocks' weight matrices, AdamW for embeddings, head, norms and biases",
+    )
+    lr: float = documented(
+        1e-3, "peak learning rate of AdamW (the schedule's reference: other lrs scale with it)", gt=0.0
+    )
+    embed_lr: float | None = documented(
+        None, "peak AdamW lr of the token and position embeddings (null = train.lr)", gt=0.0
+    )
     head_lr: float | None = documented(None, "peak AdamW lr of an untied output head (null = train.lr)", gt=0.0)
     muon_lr: float = documented(0.02, "peak Muon learning rate (train.optimizer: muon)", gt=0.0)
     muon_momentum: float = documented(0.95, "Muon momentum (Nesterov)", ge=0.0, lt=1.0)
     muon_weight_decay: float = documented(0.0, "Muon's decoupled weight decay", ge=0.0)
     muon_ns_steps: int = documented(5, "Newton-Schulz iterations per Muon step", ge=1)
     muon_adjust_lr: Literal["original", "match_rms_adamw"] = documented(
-        "original", "Muon's per-shape lr scaling: original (sqrt(max(1, rows/cols)), Keller Jordan's) or "
-        "match_rms_adamw (0.2 sqrt(max(rows, cols)): AdamW-sized updates, Moonshot's)")
-    min_lr: float = documented(1e-5, "the floor of every schedule: cosine and linear decay end here, the plateau "
-                                      "rule never goes below it", ge=0.0)
+        "original",
+        "Muon's per-shape lr scaling: original (sqrt(max(1, rows/cols)), Keller Jordan's) or "
+        "match_rms_adamw (0.2 sqrt(max(rows, cols)): AdamW-sized updates, Moonshot's)",
+    )
+    min_lr: float = documented(
+        1e-5,
+        "the floor of every schedule: cosine and linear decay end here, the plateau rule never goes below it",
+        ge=0.0,
+    )
     weight_decay: float = documented(0.1, "AdamW weight decay (on the parameters train.decay says)", ge=0.0)
     decay: Literal["matrices", "all"] = documented(
-        "matrices", "which parameters weight decay applies to: matrices (not biases, norms; GPT-2) or all (torch's "
-        "AdamW used plainly, as the course notebook does)")
+        "matrices",
+        "which parameters weight decay applies to: matrices (not biases, norms; GPT-2) or all (torch's "
+        "AdamW used plainly, as the course notebook does)",
+    )
     beta1: float = documented(0.9, "AdamW beta1", ge=0.0, lt=1.0)
     beta2: float = documented(0.99, "AdamW beta2", ge=0.0, lt=1.0)
     warmup_steps: int = documented(0, "linear learning-rate warmup from 0 over this many steps", ge=0)
     lr_schedule: Literal["plateau", "cosine", "linear"] = documented(
-        "plateau", "after warmup: plateau = ReduceLROnPlateau on validation loss; cosine or linear = decay to min_lr "
-        "over the run's budget (max_steps or max_seconds, whichever is nearer)"
+        "plateau",
+        "after warmup: plateau = ReduceLROnPlateau on validation loss; cosine or linear = decay to min_lr "
+        "over the run's budget (max_steps or max_seconds, whichever is nearer)",
     )
     grad_clip: float = documented(1.0, "clip the gradient norm to this value (0 = no clipping)", ge=0.0)
     eval_interval: int = documented(250, "evaluate every this many optimizer steps", ge=1)
     eval_windows: int = documented(128, "windows scored per split at each periodic evaluation", ge=1)
     eval_sampling: Literal["fixed", "random"] = documented(
-        "fixed", "fixed: the same windows at every evaluation (a low-noise signal); random: fresh random windows "
-        "each time (the course notebook's estimate; seeded by train.seed and the step)")
+        "fixed",
+        "fixed: the same windows at every evaluation (a low-noise signal); random: fresh random windows "
+        "each time (the course notebook's estimate; seeded by train.seed and the step)",
+    )
     eval_at_start: bool = documented(False, "also evaluate before the first step (step 0)")
     final_eval_tokens: int = documented(
-        1_000_000, "the end-of-run validation pass scores at most this many tokens from the start of the validation "
-        "split, so big corpora end quickly (0 = the whole split; `charlm eval` always scores all of it)", ge=0)
-    plateau_factor: float = documented(0.5, "ReduceLROnPlateau: multiply the lr by this when validation stalls", gt=0.0, lt=1.0)
-    plateau_patience: int = documented(3, "ReduceLROnPlateau: evaluations without improvement before lowering the lr", ge=0)
+        1_000_000,
+        "the end-of-run validation pass scores at most this many tokens from the start of the validation "
+        "split, so big corpora end quickly (0 = the whole split; `charlm eval` always scores all of it)",
+        ge=0,
+    )
+    plateau_factor: float = documented(
+        0.5, "ReduceLROnPlateau: multiply the lr by this when validation stalls", gt=0.0, lt=1.0
+    )
+    plateau_patience: int = documented(
+        3, "ReduceLROnPlateau: evaluations without improvement before lowering the lr", ge=0
+    )
     early_stop_patience: int = documented(0, "stop after this many evaluations without improvement (0 = never)", ge=0)
     seed: int = documented(1337, "seed for Python, torch and the batch sampler", ge=0)
     device: str = documented("auto", "auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps")
@@ -144,11 +183,14 @@ class TrainConfig:
     )
     compile: Literal["auto", "true", "false"] = documented("auto", "torch.compile: auto = on CUDA only; true; false")
     loggers: list[Logger] = documented(
-        ["jsonl"], "where figures go: jsonl (OUT_DIR/metrics.jsonl, steps.jsonl, summary.json; always on), csv "
+        ["jsonl"],
+        "where figures go: jsonl (OUT_DIR/metrics.jsonl, steps.jsonl, summary.json; always on), csv "
         "(OUT_DIR/metrics.csv), tensorboard (OUT_DIR/tensorboard; the tensorboard extra), wandb (the wandb extra; "
-        "WANDB_MODE=offline honoured); e.g. --set 'train.loggers=[jsonl,csv]'")
-    log_interval: int = documented(50, "log the training loss, lr and tokens/s every this many steps (0 = only "
-                                       "with evaluations)", ge=0)
+        "WANDB_MODE=offline honoured); e.g. --set 'train.loggers=[jsonl,csv]'",
+    )
+    log_interval: int = documented(
+        50, "log the training loss, lr and tokens/s every this many steps (0 = only with evaluations)", ge=0
+    )
     wandb_project: str = documented("charlm", "the Weights & Biases project of the wandb logger")
     tensorboard: bool = documented(False, "same as adding tensorboard to train.loggers (kept for older configs)")
 
@@ -301,7 +343,7 @@ def valid_device_name(name: str) -> bool:
     return name in ("auto", "cpu", "cuda", "mps") or (name.startswith("cuda:") and name[5:].isdigit())
 
 
-def _range_problem(value: float, meta: dict[str, Any]) -> str | None:
+def _range_problem(value: float, meta: Mapping[str, Any]) -> str | None:
     if not math.isfinite(value):
         return "must be a finite number"
     if "ge" in meta and value < meta["ge"]:
@@ -315,7 +357,7 @@ def _range_problem(value: float, meta: dict[str, Any]) -> str | None:
     return None
 
 
-def load_config(path: str | Path | None, sets: list[str] = (), options: Options | None = None) -> Config:
+def load_config(path: str | Path | None, sets: Sequence[str] = (), options: Options | None = None) -> Config:
     """The whole precedence chain: defaults < file < --set items < first-class options."""
     settings: list[Setting] = []
     errors: list[str] = []

@@ -37,9 +37,11 @@ def _default_run_sentence() -> str:
     t = load_config(DEFAULT_CONFIG).train
     schedule = {"cosine": "cosine decay", "linear": "linear decay", "plateau": "ReduceLROnPlateau"}[t.lr_schedule]
     budget = f"{t.max_seconds:g} s of training" if t.max_seconds else f"{t.max_steps:,} steps"
-    return (f"The default run (`charlm train`, configs/{DEFAULT_CONFIG}.yaml) uses the {t.optimizer} optimizer with "
-            f"{t.warmup_steps} warmup steps and {schedule} (`train.lr_schedule: {t.lr_schedule}`) to "
-            f"`train.min_lr` {t.min_lr:g} over {budget}; `--set train.lr_schedule=plateau` (or cosine) switches it.")
+    return (
+        f"The default run (`charlm train`, configs/{DEFAULT_CONFIG}.yaml) uses the {t.optimizer} optimizer with "
+        f"{t.warmup_steps} warmup steps and {schedule} (`train.lr_schedule: {t.lr_schedule}`) to "
+        f"`train.min_lr` {t.min_lr:g} over {budget}; `--set train.lr_schedule=plateau` (or cosine) switches it."
+    )
 
 
 def reference_markdown() -> str:

@@ -19,7 +19,9 @@ def read_text(path: str | Path) -> str:
     """Read a file as strict UTF-8; a missing, empty, non-file or non-UTF-8 file is refused with the reason."""
     path = Path(path)
     if not path.exists():
-        raise UsageError(f"data file not found: {path} (run `charlm download`, or pass --data PATH to a UTF-8 text file)")
+        raise UsageError(
+            f"data file not found: {path} (run `charlm download`, or pass --data PATH to a UTF-8 text file)"
+        )
     if path.is_dir():
         raise UsageError(f"data path is a directory, not a text file: {path} (pass --data PATH to a file)")
     try:
@@ -79,18 +81,29 @@ def split_sizes(n: int, data: DataConfig, source: str) -> tuple[int, int, int]:
     n_test = data.test_size or (n - int(n * (1 - data.test_fraction)) if data.test_fraction else 0)
     n_val = data.val_size or n - int(n * (1 - data.val_fraction))
     if n_val + n_test >= n:
-        raise UsageError(f"{source} has {n:,} tokens, but its validation ({n_val:,}) and test ({n_test:,}) splits "
-                         "leave none for training; lower data.val_size/test_size or the fractions")
+        raise UsageError(
+            f"{source} has {n:,} tokens, but its validation ({n_val:,}) and test ({n_test:,}) splits "
+            "leave none for training; lower data.val_size/test_size or the fractions"
+        )
     return n - n_val - n_test, n_val, n_test
 
 
-def conform(ids: torch.Tensor, own: Tokenizer, model: Tokenizer, counts: dict[int, int], unknown: UnknownPolicy,
-            replacement: str | None, hint: str) -> torch.Tensor:
+def conform(
+    ids: torch.Tensor,
+    own: Tokenizer,
+    model: Tokenizer,
+    counts: dict[int, int],
+    unknown: UnknownPolicy,
+    replacement: str | None,
+    hint: str,
+) -> torch.Tensor:
     """Ids read with the corpus's own vocabulary, rewritten in the model's (a vectorised lookup; no copy when the
     vocabularies agree). Characters the model lacks are refused with their counts, skipped or replaced."""
     if own.kind != model.kind:
-        raise UsageError(f"the text was read as {own.kind}s but the model reads {model.kind}s; use the model's "
-                         f"tokenizer (data.tokenizer: {model.kind})")
+        raise UsageError(
+            f"the text was read as {own.kind}s but the model reads {model.kind}s; use the model's "
+            f"tokenizer (data.tokenizer: {model.kind})"
+        )
     if own.kind == "byte" or own.chars == model.chars:
         return ids
     assert isinstance(model, CharTokenizer)
@@ -121,9 +134,15 @@ class Corpus:
     whole: torch.Tensor | None = None  # (N,) all of it, in file order
 
     @classmethod
-    def from_config(cls, data: DataConfig, tokenizer: Tokenizer | None = None, unknown: UnknownPolicy = "error",
-                    hint: str = "use --unknown skip or --unknown replace to accept them",
-                    say: Callable[[str], None] = lambda _: None, replacement: str | None = None) -> Corpus:
+    def from_config(
+        cls,
+        data: DataConfig,
+        tokenizer: Tokenizer | None = None,
+        unknown: UnknownPolicy = "error",
+        hint: str = "use --unknown skip or --unknown replace to accept them",
+        say: Callable[[str], None] = lambda _: None,
+        replacement: str | None = None,
+    ) -> Corpus:
         prepared = prepare(data.path, tokenizer.kind if tokenizer else data.tokenizer, say)
         ids = prepared.ids
         if tokenizer is not None:
@@ -133,11 +152,12 @@ class Corpus:
     @classmethod
     def from_ids(cls, ids: torch.Tensor, tokenizer: Tokenizer, data: DataConfig, source: str) -> Corpus:
         n_train, n_val, _ = split_sizes(len(ids), data, source)
-        return cls(tokenizer, ids[:n_train], ids[n_train:n_train + n_val], ids[n_train + n_val:], source, ids)
+        return cls(tokenizer, ids[:n_train], ids[n_train : n_train + n_val], ids[n_train + n_val :], source, ids)
 
     @classmethod
-    def from_file(cls, path: str | Path, val_fraction: float, tokenizer: Tokenizer | None = None,
-                  unknown: UnknownPolicy = "error") -> Corpus:
+    def from_file(
+        cls, path: str | Path, val_fraction: float, tokenizer: Tokenizer | None = None, unknown: UnknownPolicy = "error"
+    ) -> Corpus:
         """A character corpus with only a validation split (the simple case, kept for scripts and tests)."""
         return cls.from_config(DataConfig(path=str(path), val_fraction=val_fraction), tokenizer, unknown)
 
@@ -148,8 +168,10 @@ class Corpus:
         if name not in SPLITS:
             raise UsageError(f"split must be one of {', '.join(SPLITS)} or all, got {name!r}")
         if name == "test" and not len(self.test):
-            raise UsageError(f"{self.source} has no test split: set data.test_size or data.test_fraction when "
-                             "training (the test split is held out from the start)")
+            raise UsageError(
+                f"{self.source} has no test split: set data.test_size or data.test_fraction when "
+                "training (the test split is held out from the start)"
+            )
         return getattr(self, name)
 
     def check_windows(self, block_size: int, source: str) -> None:
@@ -227,7 +249,6 @@ def full_pass_windows(
         yield chunk[:, :-1], chunk[:, 1:]
 
 
-
 IGNORE = -100  # a target the loss skips (torch's cross_entropy ignore_index)
 
 
@@ -251,7 +272,7 @@ def strided_windows(
         first = torch.cat([first, torch.tensor([T - (n_targets - covered)])])
     offsets, positions = torch.arange(T + 1), torch.arange(T)
     for i in range(0, len(starts), batch_size):
-        chunk = ids[starts[i:i + batch_size, None] + offsets].long()  # (B, T+1)
+        chunk = ids[starts[i : i + batch_size, None] + offsets].long()  # (B, T+1)
         y = chunk[:, 1:].clone()
-        y[positions[None, :] < first[i:i + batch_size, None]] = IGNORE
+        y[positions[None, :] < first[i : i + batch_size, None]] = IGNORE
         yield chunk[:, :-1], y

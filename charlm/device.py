@@ -36,7 +36,9 @@ def pick_device(name: str) -> torch.device:
         return torch.device("cpu")
     if name.startswith("cuda"):
         if not torch.cuda.is_available():
-            raise UsageError(f"device {name!r} asked for, but this torch build sees no CUDA GPU (use --device cpu or auto)")
+            raise UsageError(
+                f"device {name!r} asked for, but this torch build sees no CUDA GPU (use --device cpu or auto)"
+            )
         if name.startswith("cuda:") and int(name[5:]) >= torch.cuda.device_count():
             raise UsageError(f"device {name!r} asked for, but only {torch.cuda.device_count()} CUDA device(s) exist")
     if name == "mps" and not torch.backends.mps.is_available():

@@ -66,8 +66,10 @@ def setup(device_name: str) -> tuple[Dist, str]:
     use_cuda = device_name.startswith("cuda") or (device_name == "auto" and torch.cuda.is_available())
     if use_cuda:
         if not torch.cuda.is_available() or local_rank >= torch.cuda.device_count():
-            raise UsageError(f"rank {rank} needs CUDA device {local_rank}, but this machine has "
-                             f"{torch.cuda.device_count() if torch.cuda.is_available() else 0}; lower --nproc_per_node")
+            raise UsageError(
+                f"rank {rank} needs CUDA device {local_rank}, but this machine has "
+                f"{torch.cuda.device_count() if torch.cuda.is_available() else 0}; lower --nproc_per_node"
+            )
         torch.cuda.set_device(local_rank)
         device_name = f"cuda:{local_rank}"
     elif device_name == "auto":

@@ -89,7 +89,9 @@ def download(
             return DownloadResult(dest, digest, size, downloaded=True)
         except TransientError as e:
             if attempt == retries:
-                raise WorkError(f"download of {url} failed after {retries + 1} attempt(s): {e}; {OFFLINE_HINT}") from None
+                raise WorkError(
+                    f"download of {url} failed after {retries + 1} attempt(s): {e}; {OFFLINE_HINT}"
+                ) from None
         time.sleep(backoff * 2**attempt)  # 1, 2, 4, 8 s: gives up within ~15 s of refused connections
         attempt += 1
 
@@ -104,8 +106,9 @@ def _check_url(url: str) -> None:
             raise UsageError(f"no such file for --url {url}: {path}")
 
 
-def _fetch_once(url: str, dest: Path, timeout: float, sha256: str | None,
-                progress: Callable[[int, int | None], None] | None) -> tuple[str, int]:
+def _fetch_once(
+    url: str, dest: Path, timeout: float, sha256: str | None, progress: Callable[[int, int | None], None] | None
+) -> tuple[str, int]:
     digest = hashlib.sha256()
     received = 0
 
@@ -188,20 +191,35 @@ class BuiltinCorpus:
 
 CORPORA = {
     "tinyshakespeare": BuiltinCorpus(
-        "tinyshakespeare", TINY_SHAKESPEARE_URL, TINY_SHAKESPEARE_SHA256, DEFAULT_DEST, URL_ENV,
-        about="1.1 MB of Shakespeare's plays (char-rnn); the default corpus"),
+        "tinyshakespeare",
+        TINY_SHAKESPEARE_URL,
+        TINY_SHAKESPEARE_SHA256,
+        DEFAULT_DEST,
+        URL_ENV,
+        about="1.1 MB of Shakespeare's plays (char-rnn); the default corpus",
+    ),
     # The Hutter Prize file: the first 10^8 bytes of an English Wikipedia XML dump (2006-03-03), modelled as bytes.
     "enwik8": BuiltinCorpus(
-        "enwik8", "http://mattmahoney.net/dc/enwik8.zip",
-        "547994d9980ebed1288380d652999f38a14fe291a6247c157c3d33d4932534bc", Path("data/enwik8"), "CHARLM_ENWIK8_URL",
-        member="enwik8", text_sha256="2b49720ec4d78c3c9fabaee6e4179a5e997302b3a70029f30f2d582218c024a8",
-        about="10^8 bytes of Wikipedia XML; bits per byte on the last 5M (configs/enwik8.yaml)"),
+        "enwik8",
+        "http://mattmahoney.net/dc/enwik8.zip",
+        "547994d9980ebed1288380d652999f38a14fe291a6247c157c3d33d4932534bc",
+        Path("data/enwik8"),
+        "CHARLM_ENWIK8_URL",
+        member="enwik8",
+        text_sha256="2b49720ec4d78c3c9fabaee6e4179a5e997302b3a70029f30f2d582218c024a8",
+        about="10^8 bytes of Wikipedia XML; bits per byte on the last 5M (configs/enwik8.yaml)",
+    ),
     # The same dump cleaned to 27 symbols (a-z and space) by Matt Mahoney's script.
     "text8": BuiltinCorpus(
-        "text8", "http://mattmahoney.net/dc/text8.zip",
-        "a6640522afe85d1963ad56c05b0ede0a0c000dddc9671758a6cc09b7a38e5232", Path("data/text8"), "CHARLM_TEXT8_URL",
-        member="text8", text_sha256="6e890197040d37d85beb962ae1f041ff1d9a9ca8d20c7d99c85027eebf51dca7",
-        about="10^8 characters of cleaned Wikipedia text, 27 symbols (configs/text8.yaml)"),
+        "text8",
+        "http://mattmahoney.net/dc/text8.zip",
+        "a6640522afe85d1963ad56c05b0ede0a0c000dddc9671758a6cc09b7a38e5232",
+        Path("data/text8"),
+        "CHARLM_TEXT8_URL",
+        member="text8",
+        text_sha256="6e890197040d37d85beb962ae1f041ff1d9a9ca8d20c7d99c85027eebf51dca7",
+        about="10^8 characters of cleaned Wikipedia text, 27 symbols (configs/text8.yaml)",
+    ),
 }
 
 
@@ -211,9 +229,15 @@ def builtin_corpus(name: str) -> BuiltinCorpus:
     return CORPORA[name]
 
 
-def download_corpus(corpus: BuiltinCorpus, url: str | None = None, dest: Path | None = None,
-                    sha256: str | None = None, verify: bool = True, force: bool = False,
-                    **fetch: Any) -> DownloadResult:
+def download_corpus(
+    corpus: BuiltinCorpus,
+    url: str | None = None,
+    dest: Path | None = None,
+    sha256: str | None = None,
+    verify: bool = True,
+    force: bool = False,
+    **fetch: Any,
+) -> DownloadResult:
     """Fetch a built-in corpus (from `url`, else its environment variable, else its canonical URL), verify it, and
     for a zipped one extract its text beside the archive. `sha256` replaces the pinned hash (another mirror's file)."""
     source = url or os.environ.get(corpus.url_env) or corpus.url
@@ -225,8 +249,9 @@ def download_corpus(corpus: BuiltinCorpus, url: str | None = None, dest: Path | 
     if dest.exists() and not force:
         if archive.is_file() and (expected is None or sha256_of(archive) == expected):
             return DownloadResult(dest, sha256_of(archive), dest.stat().st_size, downloaded=False)
-        raise UsageError(f"{dest} exists, but no verified {archive.name} is beside it; use --force to download "
-                         "it again")
+        raise UsageError(
+            f"{dest} exists, but no verified {archive.name} is beside it; use --force to download it again"
+        )
     try:
         fetched = download(source, archive, expected, force=force, **fetch)
     except (UsageError, WorkError) as e:  # name this corpus's own mirror variable, not tiny-shakespeare's
@@ -235,8 +260,10 @@ def download_corpus(corpus: BuiltinCorpus, url: str | None = None, dest: Path | 
     size = _extract(archive, corpus.member, dest)
     if expected == corpus.sha256 and corpus.text_sha256 and sha256_of(dest) != corpus.text_sha256:
         dest.unlink()
-        raise WorkError(f"{archive} is verified, but its {corpus.member} is not the published text; delete "
-                        f"{archive} and download again")
+        raise WorkError(
+            f"{archive} is verified, but its {corpus.member} is not the published text; delete "
+            f"{archive} and download again"
+        )
     return DownloadResult(dest, fetched.sha256, size, downloaded=True)
 
 
@@ -245,8 +272,9 @@ def _extract(archive: Path, member: str, dest: Path) -> int:
     try:
         with zipfile.ZipFile(archive) as z:
             if member not in z.namelist():
-                raise WorkError(f"{archive} has no {member!r} inside (it holds {', '.join(z.namelist()[:5])}); "
-                                "check the mirror")
+                raise WorkError(
+                    f"{archive} has no {member!r} inside (it holds {', '.join(z.namelist()[:5])}); check the mirror"
+                )
             with z.open(member) as src:
                 atomic_write(dest, lambda f: shutil.copyfileobj(src, f, CHUNK * 16))
     except zipfile.BadZipFile:
@@ -263,4 +291,3 @@ def ensure_builtin_corpus(path: str | Path, say: Callable[[str], None]) -> None:
             source = os.environ.get(corpus.url_env) or corpus.url
             say(f"{corpus.dest} is missing: downloading {corpus.name} from {source}")
             download_corpus(corpus)
-

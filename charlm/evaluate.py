@@ -54,16 +54,24 @@ def _summed_loss(model: nn.Module, batches, device: torch.device, amp_dtype: tor
 
 
 def full_pass(
-    model: nn.Module, ids: torch.Tensor, block_size: int, device: torch.device,
-    batch_size: int = 64, amp_dtype: torch.dtype | None = None, stride: int | None = None,
+    model: nn.Module,
+    ids: torch.Tensor,
+    block_size: int,
+    device: torch.device,
+    batch_size: int = 64,
+    amp_dtype: torch.dtype | None = None,
+    stride: int | None = None,
 ) -> EvalResult:
     """Every character after the first scored once: in non-overlapping windows of the model's context (stride None
     or block_size), or in windows `stride` apart giving each at least block_size - stride characters of context."""
     stride = block_size if stride is None else stride
     if not 1 <= stride <= block_size:
         raise ValueError(f"stride must be in 1..{block_size}, got {stride}")
-    windows = (full_pass_windows(ids, block_size, batch_size) if stride == block_size
-               else strided_windows(ids, block_size, stride, batch_size))
+    windows = (
+        full_pass_windows(ids, block_size, batch_size)
+        if stride == block_size
+        else strided_windows(ids, block_size, stride, batch_size)
+    )
     was_training = model.training
     model.eval()
     total, count = _summed_loss(model, windows, device, amp_dtype)
@@ -72,8 +80,13 @@ def full_pass(
 
 
 def windows_total(
-    model: nn.Module, ids: torch.Tensor, starts: torch.Tensor, block_size: int, device: torch.device,
-    batch_size: int = 64, amp_dtype: torch.dtype | None = None,
+    model: nn.Module,
+    ids: torch.Tensor,
+    starts: torch.Tensor,
+    block_size: int,
+    device: torch.device,
+    batch_size: int = 64,
+    amp_dtype: torch.dtype | None = None,
 ) -> tuple[float, int]:
     """Summed loss and target count over fixed windows (the low-noise periodic estimate)."""
     offsets = torch.arange(block_size + 1)

@@ -23,8 +23,10 @@ def _safetensors() -> Any:
     try:
         import safetensors.torch
     except ImportError:
-        raise UsageError('exports need the safetensors package: pip install -e ".[export]" in your charlm checkout '
-                         "(or pip install safetensors)") from None
+        raise UsageError(
+            'exports need the safetensors package: pip install -e ".[export]" in your charlm checkout '
+            "(or pip install safetensors)"
+        ) from None
     return safetensors.torch
 
 
@@ -79,10 +81,13 @@ def read_export(folder: Path) -> Checkpoint:
 
 def model_card(ckpt: Checkpoint, params: int, scores: dict[str, float] | None, sample: str, folder: Path) -> str:
     m, t = ckpt.config.model, ckpt.config.train
-    quality = (f"full validation pass: **{scores['loss']:.4f} nats/char, {scores['bpc']:.4f} bits/char** "
-               f"(perplexity {scores['perplexity']:.3f}) on the last {ckpt.config.data.val_fraction:.0%} of "
-               f"`{ckpt.config.data.path}`" if scores else
-               f"not measured here: the training corpus `{ckpt.config.data.path}` was not found at export time")
+    quality = (
+        f"full validation pass: **{scores['loss']:.4f} nats/char, {scores['bpc']:.4f} bits/char** "
+        f"(perplexity {scores['perplexity']:.3f}) on the last {ckpt.config.data.val_fraction:.0%} of "
+        f"`{ckpt.config.data.path}`"
+        if scores
+        else f"not measured here: the training corpus `{ckpt.config.data.path}` was not found at export time"
+    )
     return f"""# charlm character-level language model
 
 A decoder-only Transformer over {ckpt.tokenizer.vocab_size} characters, trained with charlm on

@@ -33,8 +33,9 @@ def finetune_config(requested: Config, source: Checkpoint) -> Config:
     return requested
 
 
-def finetune_tokenizer(source: Checkpoint, data_path: str, extend: bool,
-                       say: Callable[[str], None] = lambda _: None) -> Tokenizer:
+def finetune_tokenizer(
+    source: Checkpoint, data_path: str, extend: bool, say: Callable[[str], None] = lambda _: None
+) -> Tokenizer:
     """The source's vocabulary, or with `extend` that vocabulary plus the new text's characters it lacks."""
     tokenizer = source.tokenizer
     if not extend or not isinstance(tokenizer, CharTokenizer):
@@ -42,8 +43,11 @@ def finetune_tokenizer(source: Checkpoint, data_path: str, extend: bool,
     prepared = prepare(data_path, "char", say)
     new = [c for i, c in enumerate(prepared.tokenizer.chars) if c not in tokenizer.stoi and prepared.counts.get(i)]
     if new:
-        say(f"extending the vocabulary from {tokenizer.vocab_size} to {tokenizer.vocab_size + len(new)} characters: "
-            + ", ".join(repr(c) for c in new[:20]) + (" ..." if len(new) > 20 else ""))
+        say(
+            f"extending the vocabulary from {tokenizer.vocab_size} to {tokenizer.vocab_size + len(new)} characters: "
+            + ", ".join(repr(c) for c in new[:20])
+            + (" ..." if len(new) > 20 else "")
+        )
     return CharTokenizer(tokenizer.chars + new)
 
 

@@ -36,8 +36,9 @@ def window_start(length: int, start: int, block_size: int) -> int:
 
 
 @torch.inference_mode()
-def generate_ids(model: GPT, prompt: list[int], max_new_tokens: int, batch: int, choose: ChooseNext,
-                 use_cache: bool = True) -> Iterator[torch.Tensor]:
+def generate_ids(
+    model: GPT, prompt: list[int], max_new_tokens: int, batch: int, choose: ChooseNext, use_cache: bool = True
+) -> Iterator[torch.Tensor]:
     """Yield the next ids (B,) step by step, every row continuing the same prompt."""
     device = next(model.parameters()).device
     block_size = model.config.block_size
@@ -110,8 +111,13 @@ def encode_prompt(tokenizer: Tokenizer, prompt: str, unknown: UnknownPolicy, rep
     return ids
 
 
-def sample(model: GPT, tokenizer: Tokenizer, prompt_ids: list[int], options: SampleOptions,
-           on_text: Callable[[str], None] | None = None) -> SampleResult:
+def sample(
+    model: GPT,
+    tokenizer: Tokenizer,
+    prompt_ids: list[int],
+    options: SampleOptions,
+    on_text: Callable[[str], None] | None = None,
+) -> SampleResult:
     """Generate num_samples continuations in one batch; on_text streams sample 0's new characters."""
     device = next(model.parameters()).device
     generator = torch.Generator(device=device)

@@ -27,9 +27,11 @@ class ModelInfo:
 
     def to_dict(self) -> dict:
         return {
-            "total_params": self.total_params, "active_params": self.active_params,
+            "total_params": self.total_params,
+            "active_params": self.active_params,
             "flops_per_token": self.flops_per_token,
-            "flops_formula": self.flops_formula, "components": [asdict(r) for r in self.rows],
+            "flops_formula": self.flops_formula,
+            "components": [asdict(r) for r in self.rows],
         }
 
 
@@ -58,13 +60,26 @@ def model_info(config: ModelConfig, vocab_size: int) -> ModelInfo:
         ffn, ffn_f = 3 * d * h + fb * (2 * h + d), "3·d·d_ff + 2·d_ff + d" if fb else "3·d·d_ff"
     else:
         ffn, ffn_f = 2 * d * h + fb * (h + d), "2·d·d_ff + d_ff + d" if fb else "2·d·d_ff"
-    extras = [name for name, on in (("QK-norm", config.qk_norm), ("zero-init projections", config.zero_init_proj),
-                                    (f"logit soft-cap {config.logit_softcap:g}", config.logit_softcap)) if on]
+    extras = [
+        name
+        for name, on in (
+            ("QK-norm", config.qk_norm),
+            ("zero-init projections", config.zero_init_proj),
+            (f"logit soft-cap {config.logit_softcap:g}", config.logit_softcap),
+        )
+        if on
+    ]
     E, k = config.n_experts, config.expert_top_k
     if E:
         rows.append(Row(f"router ({E} experts)", d * E, "d·E", per_layer=True))
-        rows.append(Row(f"feed-forward experts ({config.activation}, d_ff = {h}, top-{k} of {E})", E * ffn,
-                        f"E·({ffn_f})", per_layer=True))
+        rows.append(
+            Row(
+                f"feed-forward experts ({config.activation}, d_ff = {h}, top-{k} of {E})",
+                E * ffn,
+                f"E·({ffn_f})",
+                per_layer=True,
+            )
+        )
     else:
         rows.append(Row(f"feed-forward ({config.activation}, d_ff = {h})", ffn, ffn_f, per_layer=True))
     rows.append(Row(f"norms ({config.norm}, {config.norm_position})", 2 * norm, f"2·{norm_f}", per_layer=True))

@@ -27,6 +27,8 @@ def sinusoidal_table(length: int, dim: int) -> torch.Tensor:
 class SinusoidalPositions(nn.Module):
     """The original paper's fixed encoding, added to the token embeddings; no parameters."""
 
+    table: torch.Tensor
+
     def __init__(self, block_size: int, dim: int):
         super().__init__()
         self.register_buffer("table", sinusoidal_table(block_size, dim), persistent=False)
@@ -35,11 +37,18 @@ class SinusoidalPositions(nn.Module):
         return self.table[pos]  # (T, C)
 
 
+class ResidualProjection(nn.Linear):
+    """A Linear layer that writes into the residual stream (W_O, the feed-forward's output): GPT-2 starts these
+    scaled down by 1/sqrt(2 * n_layer), so the stream's variance does not grow with depth."""
+
+
 class Rotary(nn.Module):
     """RoPE: rotate each (even, odd) pair of query/key features by an angle proportional to the position.
 
     Attention scores then depend only on relative positions, for any position (no table to outgrow).
     """
+
+    inv_freq: torch.Tensor
 
     def __init__(self, head_dim: int, base: float = 10000.0):
         super().__init__()
@@ -56,6 +65,7 @@ class Rotary(nn.Module):
 
 def alibi_slopes(n_head: int) -> torch.Tensor:
     """Per-head slopes 2^(-8/n), 2^(-16/n), ... (Press et al.), with the paper's rule for non-powers of two."""
+
     def powers(n: int) -> list[float]:
         start = 2 ** (-8 / n)
         return [start ** (i + 1) for i in range(n)]
@@ -66,8 +76,9 @@ def alibi_slopes(n_head: int) -> torch.Tensor:
     return torch.tensor(powers(closest) + powers(2 * closest)[0::2][: n_head - closest])
 
 
-def attention_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int, slopes: torch.Tensor | None,
-                   dtype: torch.dtype) -> torch.Tensor:
+def attention_mask(
+    q_pos: torch.Tensor, k_pos: torch.Tensor, window: int, slopes: torch.Tensor | None, dtype: torch.dtype
+) -> torch.Tensor:
     """Each query sees itself and the window - 1 positions before it, never the future.
 
     Without ALiBi: a boolean (Tq, Tk) mask. With ALiBi: an additive (nh, Tq, Tk) bias of -slope x distance, -inf
@@ -114,8 +125,7 @@ class MLP(nn.Module):
         self.activation = config.activation
         gates = 2 if config.activation == "swiglu" else 1
         self.fc = nn.Linear(config.n_embd, gates * hidden, bias=part_bias(config, "ffn"))
-        self.proj = nn.Linear(hidden, config.n_embd, bias=part_bias(config, "ffn"))
-        self.proj.residual_projection = True  # scaled at init (GPT-2)
+        self.proj = ResidualProjection(hidden, config.n_embd, bias=part_bias(config, "ffn"))
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -46,8 +46,10 @@ def require_loggers(config: Config) -> None:
             if name == "tensorboard":
                 import torch.utils.tensorboard  # noqa: F401  (torch's writer needs the package too)
         except ImportError:
-            raise UsageError(f'the {name} logger needs the {module} package: pip install -e ".[{extra}]" in your '
-                             f"charlm checkout (or pip install {module}); or drop it from train.loggers") from None
+            raise UsageError(
+                f'the {name} logger needs the {module} package: pip install -e ".[{extra}]" in your '
+                f"charlm checkout (or pip install {module}); or drop it from train.loggers"
+            ) from None
 
 
 class JsonlLogger:
@@ -93,10 +95,18 @@ class CsvLogger:
         self._row({"kind": "eval", **record})
 
     def finish(self, summary: dict[str, Any]) -> None:
-        self._row({"kind": "summary", "step": summary["steps"], "tokens": summary["tokens"],
-                   "val_loss": summary["best_val_loss"], "tokens_per_s": summary["tokens_per_s"],
-                   "elapsed_s": summary["wall_s"], "full_val_loss": summary["full_val_loss"],
-                   "full_val_bpc": summary["full_val_bpc"]})
+        self._row(
+            {
+                "kind": "summary",
+                "step": summary["steps"],
+                "tokens": summary["tokens"],
+                "val_loss": summary["best_val_loss"],
+                "tokens_per_s": summary["tokens_per_s"],
+                "elapsed_s": summary["wall_s"],
+                "full_val_loss": summary["full_val_loss"],
+                "full_val_bpc": summary["full_val_bpc"],
+            }
+        )
 
     def close(self) -> None:
         pass
@@ -141,8 +151,15 @@ class WandbLogger:
         id_file = out_dir / ".wandb-run-id"  # a resumed run continues the same W&B run
         run_id = id_file.read_text().strip() if id_file.exists() else uuid.uuid4().hex[:12]
         id_file.write_text(run_id)
-        self.run = wandb.init(project=config.train.wandb_project, dir=str(out_dir), id=run_id, resume="allow",
-                              name=out_dir.name, mode=os.environ.get("WANDB_MODE", "online"), reinit=True)
+        self.run = wandb.init(
+            project=config.train.wandb_project,
+            dir=str(out_dir),
+            id=run_id,
+            resume="allow",
+            name=out_dir.name,
+            mode=os.environ.get("WANDB_MODE", "online"),
+            reinit=True,
+        )
 
     def start(self, config: Config) -> None:
         self.run.config.update(config.to_dict(), allow_val_change=True)

@@ -7,6 +7,7 @@ position, activation, feed-forward width, weight tying, biases. Their building b
 from __future__ import annotations
 
 import math
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -14,6 +15,8 @@ from torch import nn
 
 from charlm.config import ModelConfig
 from charlm.layers import (
+    MixtureOfExperts,
+    ResidualProjection,
     Rotary,
     SinusoidalPositions,
     alibi_slopes,
@@ -33,8 +36,16 @@ class KVCache:
     with relative positions (RoPE, ALiBi) the window rolls forward without re-encoding anything.
     """
 
-    def __init__(self, n_layer: int, batch: int, n_head: int, max_len: int, head_dim: int,
-                 device: torch.device, dtype: torch.dtype):
+    def __init__(
+        self,
+        n_layer: int,
+        batch: int,
+        n_head: int,
+        max_len: int,
+        head_dim: int,
+        device: torch.device,
+        dtype: torch.dtype,
+    ):
         shape = (n_layer, batch, n_head, max_len, head_dim)
         self.k = torch.zeros(shape, device=device, dtype=dtype)
         self.v = torch.zeros(shape, device=device, dtype=dtype)
@@ -67,8 +78,9 @@ class KVCache:
         return self.k[layer, :, :, :filled], self.v[layer, :, :, :filled], self.pos[:filled]
 
 
-def explicit_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
-                       dropout: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+def explicit_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, dropout: nn.Module
+) -> tuple[torch.Tensor, torch.Tensor]:
     """softmax(Q Kᵀ / √d_head + M) V, one step per line.
 
     Returns the output (B, nh, T, hd) and the weights (B, nh, T, S).
@@ -91,6 +103,8 @@ class CausalSelfAttention(nn.Module):
     Set `keep_weights` to record the attention weights of the next forward pass in `weights` (explicit path).
     """
 
+    slopes: torch.Tensor | None  # ALiBi's per-head slopes (a buffer), or None
+
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.n_head = config.n_head
@@ -99,8 +113,7 @@ class CausalSelfAttention(nn.Module):
         self.keep_weights = False
         self.weights: torch.Tensor | None = None  # (B, nh, T, S) of the last forward, when keep_weights
         self.qkv = nn.Linear(config.n_embd, 3 * config.n_embd, bias=part_bias(config, "qkv"))
-        self.proj = nn.Linear(config.n_embd, config.n_embd, bias=part_bias(config, "proj"))
-        self.proj.residual_projection = True  # scaled at init (GPT-2)
+        self.proj = ResidualProjection(config.n_embd, config.n_embd, bias=part_bias(config, "proj"))
         self.dropout = config.dropout
         self.attn_dropout = nn.Dropout(config.dropout)
         self.resid_dropout = nn.Dropout(config.dropout)
@@ -196,7 +209,7 @@ class GPT(nn.Module):
     def _init_weights(self, module: nn.Module) -> None:
         if isinstance(module, nn.Linear):
             std = 0.02
-            if getattr(module, "residual_projection", False):
+            if isinstance(module, ResidualProjection):
                 std = 0.0 if self.config.zero_init_proj else std / math.sqrt(2 * self.config.n_layer)
             nn.init.normal_(module.weight, mean=0.0, std=std)
             if module.bias is not None:
@@ -205,7 +218,10 @@ class GPT(nn.Module):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
     def forward(
-        self, idx: torch.Tensor, targets: torch.Tensor | None = None, cache: KVCache | None = None,
+        self,
+        idx: torch.Tensor,
+        targets: torch.Tensor | None = None,
+        cache: KVCache | None = None,
         start_pos: int = 0,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Logits (B, T, V) and, with targets, the mean cross-entropy.
@@ -238,21 +254,27 @@ class GPT(nn.Module):
             return logits, None
         loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
         if self.training and self.config.n_experts:  # the router's load balancing: a training term only
-            loss = loss + self.config.moe_aux_weight * sum(b.mlp.aux_loss for b in self.blocks) / len(self.blocks)
+            aux = sum(cast(MixtureOfExperts, b.mlp).aux_loss for b in self.block_list)
+            loss = loss + self.config.moe_aux_weight * aux / len(self.blocks)
         return logits, loss
 
     @torch.no_grad()
     def attention_weights(self, idx: torch.Tensor) -> torch.Tensor:
         """Every layer's attention weights for a (B, T) input: (n_layer, B, n_head, T, T), rows summing to 1."""
-        layers = [block.attn for block in self.blocks]
+        layers = [block.attn for block in self.block_list]
         for attn in layers:
             attn.keep_weights = True
         try:
             self(idx)
-            return torch.stack([attn.weights for attn in layers])
+            return torch.stack([cast(torch.Tensor, attn.weights) for attn in layers])
         finally:
             for attn in layers:
                 attn.keep_weights, attn.weights = False, None
+
+    @property
+    def block_list(self) -> list[Block]:
+        """The blocks, typed (an nn.ModuleList only promises Modules)."""
+        return cast("list[Block]", list(self.blocks))
 
     def new_cache(self, batch: int, device: torch.device, dtype: torch.dtype = torch.float32) -> KVCache:
         c = self.config

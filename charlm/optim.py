@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from charlm.config import TrainConfig
+from charlm.layers import MixtureOfExperts
 
 
 class Optimizers:
@@ -56,24 +57,38 @@ def make_optimizer(model: nn.Module, tc: TrainConfig, device: torch.device) -> O
     AdamW decays matrices only (not biases, norms) unless train.decay is `all`; embeddings and the untied head take
     train.embed_lr / train.head_lr when set. Fused AdamW kernels where the device has them.
     """
-    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    muon = tc.optimizer == "muon"
-    hidden = [p for n, p in named if muon and _is_hidden_matrix(n, p)]
+    named: list[tuple[str, torch.Tensor]] = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    hidden = [p for p in hidden_matrices(model) if p.requires_grad] if tc.optimizer == "muon" else []
     taken = {id(p) for p in hidden}
     rest = [(n, p) for n, p in named if id(p) not in taken]
     groups = _adamw_groups(rest, tc)
-    optimizers = [_adamw(groups, tc, device)]
+    optimizers: list[torch.optim.Optimizer] = [_adamw(groups, tc, device)]
     if hidden:
         muon_group = {"params": hidden, "lr": tc.muon_lr, "lr_scale": tc.muon_lr / tc.lr}
-        optimizers.insert(0, torch.optim.Muon([muon_group], lr=tc.muon_lr, weight_decay=tc.muon_weight_decay,
-                                              momentum=tc.muon_momentum, ns_steps=tc.muon_ns_steps,
-                                              adjust_lr_fn=tc.muon_adjust_lr))
+        optimizers.insert(
+            0,
+            torch.optim.Muon(
+                [muon_group],
+                lr=tc.muon_lr,
+                weight_decay=tc.muon_weight_decay,
+                momentum=tc.muon_momentum,
+                ns_steps=tc.muon_ns_steps,
+                adjust_lr_fn=tc.muon_adjust_lr,
+            ),
+        )
     return Optimizers(optimizers)
 
 
-def _is_hidden_matrix(name: str, p: torch.Tensor) -> bool:
-    """The Transformer blocks' weight matrices (Q/K/V, W_O, feed-forward; not a mixture's router)."""
-    return name.startswith("blocks.") and p.dim() == 2 and ".router." not in name
+def hidden_matrices(model: nn.Module) -> list[torch.Tensor]:
+    """Muon's parameters, chosen by role rather than by name: the weight matrices of the Linear layers inside the
+    Transformer blocks (Q/K/V, W_O, the feed-forward and every expert's), but not a mixture's router, which is a
+    classifier over experts; embeddings, the output head, norms and biases stay with AdamW."""
+    model = getattr(model, "module", model)  # DDP or torch.compile wrap the model; the roles are the same
+    blocks = getattr(model, "blocks", None)
+    if blocks is None:
+        return []
+    routers = {id(m.router) for m in model.modules() if isinstance(m, MixtureOfExperts)}
+    return [m.weight for m in blocks.modules() if isinstance(m, nn.Linear) and id(m) not in routers]
 
 
 def _adamw_groups(named: list[tuple[str, torch.Tensor]], tc: TrainConfig) -> list[dict[str, Any]]:
@@ -81,10 +96,16 @@ def _adamw_groups(named: list[tuple[str, torch.Tensor]], tc: TrainConfig) -> lis
     special = {"tok_emb.": tc.embed_lr, "pos_emb.": tc.embed_lr, "head.weight": tc.head_lr}
     groups: list[dict[str, Any]] = []
     for prefix, lr in special.items():
-        params = [p for n, p in named if n.startswith(prefix)] if lr is not None else []
-        if params:
-            groups.append({"params": params, "weight_decay": tc.weight_decay if decayed(params[0]) else 0.0,
-                           "lr": lr, "lr_scale": lr / tc.lr})
+        params = [p for n, p in named if n.startswith(prefix)]
+        if lr is not None and params:
+            groups.append(
+                {
+                    "params": params,
+                    "weight_decay": tc.weight_decay if decayed(params[0]) else 0.0,
+                    "lr": lr,
+                    "lr_scale": lr / tc.lr,
+                }
+            )
     taken = {id(p) for g in groups for p in g["params"]}
     rest = [p for _, p in named if id(p) not in taken]
     groups += [

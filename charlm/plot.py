@@ -32,8 +32,10 @@ def _pyplot():
         matplotlib.use("Agg")  # no display needed
         import matplotlib.pyplot as plt
     except ImportError:
-        raise UsageError('this command draws with matplotlib: pip install -e ".[plot]" in your charlm checkout '
-                         "(or pip install matplotlib)") from None
+        raise UsageError(
+            'this command draws with matplotlib: pip install -e ".[plot]" in your charlm checkout '
+            "(or pip install matplotlib)"
+        ) from None
     return plt
 
 
@@ -47,8 +49,9 @@ def plot_attention(weights, chars: list[str], layers: list[int], heads: list[int
     plt = _pyplot()
     T = len(chars)
     cell = max(2.2, min(12.0, 0.14 * T + 1.5))  # inches per heatmap: room for T labels of at least 5 pt
-    fig, axes = plt.subplots(len(layers), len(heads), figsize=(cell * len(heads), cell * len(layers)),
-                             squeeze=False, constrained_layout=True)
+    fig, axes = plt.subplots(
+        len(layers), len(heads), figsize=(cell * len(heads), cell * len(layers)), squeeze=False, constrained_layout=True
+    )
     labels = [shown_char(c) for c in chars]
     font = max(5, min(9, 360 // max(T, 1)))
     for r, layer in enumerate(layers):
@@ -81,8 +84,14 @@ def plot_runs(run_dirs: list[Path], output: Path) -> Path:
         for i, (run_dir, records) in enumerate(runs):
             color = f"C{i}"
             xs = [r[x_key] for r in records]
-            ax.plot(xs, [r["train_loss"] for r in records], color=color, linestyle="--", alpha=0.7,
-                    label=f"{run_dir.name} train")
+            ax.plot(
+                xs,
+                [r["train_loss"] for r in records],
+                color=color,
+                linestyle="--",
+                alpha=0.7,
+                label=f"{run_dir.name} train",
+            )
             ax.plot(xs, [r["val_loss"] for r in records], color=color, label=f"{run_dir.name} val")
             lr_ax.plot(xs, [r["lr"] for r in records], color=color, linestyle=":", alpha=0.5)
         ax.set_xlabel(x_label)

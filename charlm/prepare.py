@@ -61,16 +61,20 @@ def id_dtype(vocab_size: int) -> torch.dtype:
 def source_files(path: Path) -> list[Path]:
     """The files a data path stands for: itself, or a folder's files (recursively, hidden ones skipped) by name."""
     if not path.exists():
-        raise UsageError(f"data path not found: {path} (run `charlm download`, or pass --data PATH to a text file "
-                         "or a folder of text files)")
+        raise UsageError(
+            f"data path not found: {path} (run `charlm download`, or pass --data PATH to a text file "
+            "or a folder of text files)"
+        )
     if path.is_file():
         if path.stat().st_size == 0:
             raise UsageError(f"data file is empty: {path} (give a UTF-8 text file with some text in it)")
         return [path]
     if not path.is_dir():
         raise UsageError(f"data path is neither a file nor a folder: {path}")
-    files = sorted((p for p in path.rglob("*") if p.is_file() and not _hidden(p.relative_to(path))),
-                   key=lambda p: p.relative_to(path).as_posix())
+    files = sorted(
+        (p for p in path.rglob("*") if p.is_file() and not _hidden(p.relative_to(path))),
+        key=lambda p: p.relative_to(path).as_posix(),
+    )
     files = [p for p in files if p.stat().st_size > 0]
     if not files:
         raise UsageError(f"data folder {path} holds no non-empty files; put text files in it or pass --data FILE")
@@ -86,8 +90,13 @@ def fingerprint(path: Path, files: list[Path]) -> list[dict[str, Any]]:
     out = []
     for f in files:
         st = f.stat()
-        out.append({"name": f.relative_to(path).as_posix() if path.is_dir() else f.name, "size": st.st_size,
-                    "mtime_ns": st.st_mtime_ns})
+        out.append(
+            {
+                "name": f.relative_to(path).as_posix() if path.is_dir() else f.name,
+                "size": st.st_size,
+                "mtime_ns": st.st_mtime_ns,
+            }
+        )
     return out
 
 
@@ -122,7 +131,9 @@ def _pieces(files: list[Path], root: Path, decode: bool) -> Iterator[tuple[int, 
                         try:
                             text = decoder.decode(raw)
                         except UnicodeDecodeError as e:
-                            raise _not_utf8(f, root, len(files), (held + raw)[e.start], offset - len(held) + e.start) from None
+                            raise _not_utf8(
+                                f, root, len(files), (held + raw)[e.start], offset - len(held) + e.start
+                            ) from None
                     yield i, raw, text
                     offset += len(raw)
         except OSError as e:
@@ -137,8 +148,10 @@ def _pieces(files: list[Path], root: Path, decode: bool) -> Iterator[tuple[int, 
 def _not_utf8(f: Path, root: Path, n_files: int, byte: int | None, at: int) -> UsageError:
     what = f"data file {f}" if n_files == 1 else f"data folder {root} holds {f.relative_to(root)}, which"
     where = f"byte 0x{byte:02x} at byte offset {at}" if byte is not None else "it ends inside a multi-byte character"
-    return UsageError(f"{what} is not UTF-8 text: {where} (remove or convert it, e.g. `iconv -f latin1 -t utf-8`, "
-                      "or train on bytes: --set data.tokenizer=byte)")
+    return UsageError(
+        f"{what} is not UTF-8 text: {where} (remove or convert it, e.g. `iconv -f latin1 -t utf-8`, "
+        "or train on bytes: --set data.tokenizer=byte)"
+    )
 
 
 def _buffer(t: torch.Tensor) -> memoryview:
@@ -194,10 +207,19 @@ def _prepare(path: Path, files: list[Path], kind: str, bin_path: Path, json_path
         vocab = None
         symbol_counts = {str(i): int(c) for i, c in enumerate(counts.tolist()) if c}
     meta = {
-        "format": FORMAT, "tokenizer": kind, "vocab": vocab, "counts": symbol_counts, "tokens": total,
-        "dtype": str(dtype).removeprefix("torch."), "bin_digest": _digest(bin_path, total * _itemsize(dtype)),
-        "source": {"path": path.name, "folder": path.is_dir(), "separator": SEPARATOR if path.is_dir() else None,
-                   "files": [{**fp, "sha256": d.hexdigest()} for fp, d in zip(fingerprint(path, files), digests, strict=True)]},
+        "format": FORMAT,
+        "tokenizer": kind,
+        "vocab": vocab,
+        "counts": symbol_counts,
+        "tokens": total,
+        "dtype": str(dtype).removeprefix("torch."),
+        "bin_digest": _digest(bin_path, total * _itemsize(dtype)),
+        "source": {
+            "path": path.name,
+            "folder": path.is_dir(),
+            "separator": SEPARATOR if path.is_dir() else None,
+            "files": [{**fp, "sha256": d.hexdigest()} for fp, d in zip(fingerprint(path, files), digests, strict=True)],
+        },
     }
     atomic_write(json_path, lambda f: f.write((json.dumps(meta, ensure_ascii=False) + "\n").encode()))
     return meta
@@ -290,8 +312,9 @@ def prepare(path: str | Path, kind: str, say: Callable[[str], None] = lambda _: 
             meta = _read_meta(json_path)
             reason = _stale_reason(meta, kind, path, files, bin_path) if meta is not None else "not prepared yet"
             if reason == "touched":
-                meta["source"]["files"] = [{**r, **fp} for r, fp in zip(meta["source"]["files"],
-                                                                          fingerprint(path, files), strict=True)]
+                meta["source"]["files"] = [
+                    {**r, **fp} for r, fp in zip(meta["source"]["files"], fingerprint(path, files), strict=True)
+                ]
                 atomic_write(json_path, lambda f: f.write((json.dumps(meta, ensure_ascii=False) + "\n").encode()))
             elif reason is not None:
                 size = sum(f.stat().st_size for f in files)
@@ -304,11 +327,15 @@ def prepare(path: str | Path, kind: str, say: Callable[[str], None] = lambda _: 
                 meta = _prepare(path, files, kind, bin_path, json_path)
                 seconds = time.perf_counter() - started
                 if big:
-                    say(f"prepared {path}: {meta['tokens']:,} tokens, {_vocab_size(meta)} symbols, "
-                        f"{size / 1e6:,.1f} MB in {seconds:.1f} s ({size / 1e6 / max(seconds, 1e-9):,.0f} MB/s)")
+                    say(
+                        f"prepared {path}: {meta['tokens']:,} tokens, {_vocab_size(meta)} symbols, "
+                        f"{size / 1e6:,.1f} MB in {seconds:.1f} s ({size / 1e6 / max(seconds, 1e-9):,.0f} MB/s)"
+                    )
     except OSError as e:
-        raise WorkError(f"cannot prepare {path} into {bin_path.parent}: {e.strerror or e} (nothing half-written is "
-                        "kept; free some space or make the folder writable, then run again)") from None
+        raise WorkError(
+            f"cannot prepare {path} into {bin_path.parent}: {e.strerror or e} (nothing half-written is "
+            "kept; free some space or make the folder writable, then run again)"
+        ) from None
     dtype = getattr(torch, meta["dtype"])
     count = int(meta["tokens"])
     ids = _map(bin_path, dtype) if count else torch.empty(0, dtype=dtype)

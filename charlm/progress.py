@@ -73,8 +73,12 @@ class TrainReporter:
             return
         self.max_seconds = max_seconds
         if max_seconds:
-            self.bar = progress_bar(total=max_seconds, unit="s", leave=False,
-                                    bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f} s [{elapsed}<{remaining}{postfix}]")
+            self.bar = progress_bar(
+                total=max_seconds,
+                unit="s",
+                leave=False,
+                bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f} s [{elapsed}<{remaining}{postfix}]",
+            )
         else:
             self.bar = progress_bar(total=max_steps, initial=first_step, unit="step", leave=False)
 
@@ -96,8 +100,16 @@ class TrainReporter:
         self.bar.set_postfix_str(postfix, refresh=False)
         self.bar.refresh()
 
-    def evaluation(self, step: int, train_loss: float, val_loss: float, lr: float, tokens_per_s: float,
-                   elapsed_s: float, improved: bool) -> None:
+    def evaluation(
+        self,
+        step: int,
+        train_loss: float,
+        val_loss: float,
+        lr: float,
+        tokens_per_s: float,
+        elapsed_s: float,
+        improved: bool,
+    ) -> None:
         if self.quiet:
             return
         if not self.header_shown:
@@ -105,7 +117,8 @@ class TrainReporter:
             self.header_shown = True
         mark = " [green]*[/green]" if improved else ""
         self._print(
-            f"{step:>8}  {train_loss:>7.4f}  {val_loss:>7.4f}  {lr:>8.2e}  {tokens_per_s / 1000:>6.1f}k  {elapsed_s:>6.1f}s{mark}"
+            f"{step:>8}  {train_loss:>7.4f}  {val_loss:>7.4f}  {lr:>8.2e}  "
+            f"{tokens_per_s / 1000:>6.1f}k  {elapsed_s:>6.1f}s{mark}"
         )
 
     def info(self, message: str) -> None:

@@ -25,7 +25,9 @@ def print_train_summary(summary: TrainSummary) -> None:
         f"{s.tokens_per_s:,.0f} tokens/s" + (f", compile {s.compile_s:.1f} s" if s.compile_s else "")
     )
     u = s.unit
-    scored = "full validation pass" if s.full_val_whole else f"validation pass over the first {s.full_val_tokens:,} {u}s"
+    scored = (
+        "full validation pass" if s.full_val_whole else f"validation pass over the first {s.full_val_tokens:,} {u}s"
+    )
     out.print(
         f"best val loss {s.best_val_loss:.4f} nats/{u} (sampled windows); {scored} of best.pt: "
         f"[bold]{s.full_val_loss:.4f} nats/{u}, {s.full_val_bpc:.4f} bits/{u}[/bold]"
@@ -39,14 +41,19 @@ def print_eval_result(result: EvalResult) -> None:
     stdout_console().print(
         f"{scored}: loss {result.loss:.4f} nats/{u}, {result.bpc:.4f} bits/{u}, "
         f"perplexity {result.perplexity:.3f}, {result.chars:,} {'characters' if u == 'char' else 'bytes'} scored, "
-        f"stride {result.stride}", markup=False
+        f"stride {result.stride}",
+        markup=False,
     )
 
 
 def print_model_info(info: ModelInfo, title: str) -> None:
-    table = Table(title=title, title_justify="left", caption_justify="left",
-                  caption="d = n_embd, L = n_layer, T = block_size, V = vocabulary; N = matmul weights = "
-                          "L·(attention + feed-forward) + d·V (embedding lookups cost no FLOPs)")
+    table = Table(
+        title=title,
+        title_justify="left",
+        caption_justify="left",
+        caption="d = n_embd, L = n_layer, T = block_size, V = vocabulary; N = matmul weights = "
+        "L·(attention + feed-forward) + d·V (embedding lookups cost no FLOPs)",
+    )
     table.add_column("component")
     table.add_column("parameters", justify="right")
     table.add_column("formula")

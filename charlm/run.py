@@ -10,7 +10,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -35,10 +35,23 @@ RUN_FILES = ("last.pt", "best.pt", "metrics.jsonl", "config.yaml", "steps.jsonl"
 # Keys that may change when resuming: limits and schedule knobs. Anything else would silently
 # make the resumed run a different run.
 RESUMABLE_KEYS = {
-    "train.max_steps", "train.max_seconds", "train.eval_interval", "train.early_stop_patience",
-    "train.plateau_patience", "train.plateau_factor", "train.min_lr", "train.grad_clip", "train.device",
-    "train.compile", "train.lr_schedule", "data.path", "train.loggers", "train.log_interval", "train.wandb_project",
-    "train.tensorboard", "train.final_eval_tokens",
+    "train.max_steps",
+    "train.max_seconds",
+    "train.eval_interval",
+    "train.early_stop_patience",
+    "train.plateau_patience",
+    "train.plateau_factor",
+    "train.min_lr",
+    "train.grad_clip",
+    "train.device",
+    "train.compile",
+    "train.lr_schedule",
+    "data.path",
+    "train.loggers",
+    "train.log_interval",
+    "train.wandb_project",
+    "train.tensorboard",
+    "train.final_eval_tokens",
 }
 
 
@@ -72,8 +85,9 @@ class TrainSummary:
 # ---------------------------------------------------------------------------- the configuration
 
 
-def requested_config(config_file: str | None, sets: list[str], options: cfg.Options,
-                     resume: bool) -> tuple[Config | None, dict[str, Any]]:
+def requested_config(
+    config_file: str | None, sets: list[str], options: cfg.Options, resume: bool
+) -> tuple[Config | None, dict[str, Any]]:
     """What a command asks for: a whole config for a fresh run; for a resume, the settings to compare with the run's
     (all of a --config file's keys with the command line's on top, or only the command line's without --config).
 
@@ -105,10 +119,15 @@ def resume_config(saved: Config, given: dict[str, Any]) -> Config:
         if key in RESUMABLE_KEYS:
             changes[key] = value
             continue
-        why = ("the model's shape is fixed" if key.startswith("model.") else
-               f"only these can: {', '.join(sorted(RESUMABLE_KEYS))}")
-        errors.append(f"{key} cannot change when resuming (the run has {saved_values[key]!r}, this command gives "
-                      f"{value!r}); {why}. Start a new run with another --out-dir, or drop the setting")
+        why = (
+            "the model's shape is fixed"
+            if key.startswith("model.")
+            else f"only these can: {', '.join(sorted(RESUMABLE_KEYS))}"
+        )
+        errors.append(
+            f"{key} cannot change when resuming (the run has {saved_values[key]!r}, this command gives "
+            f"{value!r}); {why}. Start a new run with another --out-dir, or drop the setting"
+        )
     cfg.raise_all(errors)
     for key, value in changes.items():
         section, name = key.split(".", 1)
@@ -162,16 +181,25 @@ def make_out_dir(out_dir: Path, replaced: list[str]) -> None:
 # ---------------------------------------------------------------------------- the run
 
 
-def run_training(config: Config | None, out_dir: Path, *, resume: bool = False, overwrite: bool = False,
-                 resume_changes: dict[str, Any] | None = None, quiet: bool = False,
-                 reporter: TrainReporter | None = None, stop: StopRequest | None = None,
-                 init_from: str | Path | None = None, extend_vocab: bool = False) -> TrainSummary | None:
+def run_training(
+    config: Config | None,
+    out_dir: Path,
+    *,
+    resume: bool = False,
+    overwrite: bool = False,
+    resume_changes: dict[str, Any] | None = None,
+    quiet: bool = False,
+    reporter: TrainReporter | None = None,
+    stop: StopRequest | None = None,
+    init_from: str | Path | None = None,
+    extend_vocab: bool = False,
+) -> TrainSummary | None:
     """Everything `charlm train` does: checks first, then data, model, loop, final full validation pass.
 
     With resume=True the run in out_dir continues; `config` (if given) and `resume_changes` are compared with its
     saved settings (see resume_config). With init_from, a fresh run starts from that model's weights, shape and
-    vocabulary (charlm.finetune; extend_vocab adds the new text's characters). Under torchrun every rank calls this; rank 0 alone writes files and returns
-    the summary (the others return None).
+    vocabulary (charlm.finetune; extend_vocab adds the new text's characters). Under torchrun every rank calls this;
+    rank 0 alone writes files and returns the summary (the others return None).
     """
     wall_start = time.perf_counter()
     created = not out_dir.exists()
@@ -191,8 +219,18 @@ def run_training(config: Config | None, out_dir: Path, *, resume: bool = False, 
         dist, device_name = setup(config.train.device)
         if not dist.is_main:
             reporter = TrainReporter(quiet=True, silent=True)
-        trainer = _build(config, ckpt, out_dir, existing if overwrite and not resume else [], device_name, dist,
-                         reporter, stop, source, extend_vocab)
+        trainer = _build(
+            config,
+            ckpt,
+            out_dir,
+            existing if overwrite and not resume else [],
+            device_name,
+            dist,
+            reporter,
+            stop,
+            source,
+            extend_vocab,
+        )
         try:
             reason = trainer.run()
             summary = _summarize(trainer, reason, wall_start) if dist.is_main else None
@@ -210,22 +248,38 @@ def run_training(config: Config | None, out_dir: Path, *, resume: bool = False, 
         teardown(dist)
 
 
-def _build(config: Config, ckpt: Checkpoint | None, out_dir: Path, replaced: list[str], device_name: str,
-           dist: Dist, reporter: TrainReporter, stop: StopRequest | None, source: Checkpoint | None = None,
-           extend_vocab: bool = False) -> Trainer:
+def _build(
+    config: Config,
+    ckpt: Checkpoint | None,
+    out_dir: Path,
+    replaced: list[str],
+    device_name: str,
+    dist: Dist,
+    reporter: TrainReporter,
+    stop: StopRequest | None,
+    source: Checkpoint | None = None,
+    extend_vocab: bool = False,
+) -> Trainer:
     """Data, model and trainer, every check done before the run folder is touched."""
     device = pick_device(device_name)
     autocast_dtype(device, config.train.dtype)  # refuse an impossible dtype before loading anything
     require_loggers(config)
     # Every rank asks for the prepared corpus; a lock lets the first prepare it while the others wait, then map it.
     if ckpt is not None:
-        corpus = Corpus.from_config(config.data, ckpt.tokenizer, say=reporter.info,
-                                    hint="a resumed run trains on text made of its own characters")
+        corpus = Corpus.from_config(
+            config.data,
+            ckpt.tokenizer,
+            say=reporter.info,
+            hint="a resumed run trains on text made of its own characters",
+        )
     elif source is not None:
         tokenizer = finetune_tokenizer(source, config.data.path, extend_vocab, reporter.info)
-        corpus = Corpus.from_config(config.data, tokenizer, say=reporter.info,
-                                    hint=f"the model of {source.path} has never seen them; add --extend-vocab to give "
-                                         "them new embedding rows")
+        corpus = Corpus.from_config(
+            config.data,
+            tokenizer,
+            say=reporter.info,
+            hint=f"the model of {source.path} has never seen them; add --extend-vocab to give them new embedding rows",
+        )
     else:
         corpus = Corpus.from_config(config.data, say=reporter.info)
     corpus.check_windows(config.model.block_size, config.data.path)
@@ -249,8 +303,10 @@ def _build(config: Config, ckpt: Checkpoint | None, out_dir: Path, replaced: lis
         reporter.info(f"resuming {out_dir / 'last.pt'} at step {trainer.step}")
     reporter.info(trainer.schedule.describe())
     if dist.active:
-        reporter.info(f"DDP: {dist.world_size} processes, global batch {trainer.global_batch} windows "
-                      f"({config.train.batch_size} per rank x {config.train.grad_accum} accumulation)")
+        reporter.info(
+            f"DDP: {dist.world_size} processes, global batch {trainer.global_batch} windows "
+            f"({config.train.batch_size} per rank x {config.train.grad_accum} accumulation)"
+        )
     if should_compile(device, config.train.compile):
         trainer.forward = compile_or_warn(trainer.eager, reporter)
     return trainer
@@ -261,15 +317,28 @@ def _summarize(trainer: Trainer, reason: str, wall_start: float) -> TrainSummary
     config, device = trainer.config, trainer.device
     best = load_checkpoint(trainer.out_dir / "best.pt").build_model(device)
     limit = config.train.final_eval_tokens
-    val = trainer.corpus.val[:limit + 1] if limit else trainer.corpus.val  # bounded on big corpora
+    val = trainer.corpus.val[: limit + 1] if limit else trainer.corpus.val  # bounded on big corpora
     full = full_pass(best, val, config.model.block_size, device, amp_dtype=trainer.amp_dtype)
     return TrainSummary(
-        best_val_loss=trainer.best_val, full_val_loss=full.loss, full_val_bpc=full.bpc, full_val_tokens=full.chars,
-        full_val_whole=len(val) == len(trainer.corpus.val), unit=trainer.corpus.tokenizer.unit, steps=trainer.step,
-        tokens=trainer.tokens, wall_s=time.perf_counter() - wall_start, train_s=trainer.train_s,
-        eval_s=trainer.eval_s, compile_s=trainer.compile_s, tokens_per_s=trainer.tokens_per_s,
-        stop_reason=reason, params=trainer.model.num_params(), device=str(device),
-        out_dir=str(trainer.out_dir), peak_memory_mb=peak_memory_mb(device), world_size=trainer.dist.world_size,
+        best_val_loss=trainer.best_val,
+        full_val_loss=full.loss,
+        full_val_bpc=full.bpc,
+        full_val_tokens=full.chars,
+        full_val_whole=len(val) == len(trainer.corpus.val),
+        unit=trainer.corpus.tokenizer.unit,
+        steps=trainer.step,
+        tokens=trainer.tokens,
+        wall_s=time.perf_counter() - wall_start,
+        train_s=trainer.train_s,
+        eval_s=trainer.eval_s,
+        compile_s=trainer.compile_s,
+        tokens_per_s=trainer.tokens_per_s,
+        stop_reason=reason,
+        params=cast(GPT, trainer.model).num_params(),
+        device=str(device),
+        out_dir=str(trainer.out_dir),
+        peak_memory_mb=peak_memory_mb(device),
+        world_size=trainer.dist.world_size,
         global_batch=trainer.global_batch,
     )
 
@@ -287,7 +356,7 @@ def peak_memory_mb(device: torch.device) -> float:
 
 def compile_or_warn(model: nn.Module, reporter: TrainReporter) -> nn.Module:
     try:
-        return torch.compile(model)
+        return cast(nn.Module, torch.compile(model))
     except Exception as e:  # compile support varies by platform; eager always works
         reporter.warn(f"torch.compile unavailable ({type(e).__name__}: {e}); training without it")
         return model

@@ -38,8 +38,10 @@ class LRSchedule:
             return tc.lr * (step + 1) / tc.warmup_steps
         if tc.lr_schedule == "plateau":
             return self.plateau.lr
-        done = min(1.0, max(step / tc.max_steps if tc.max_steps else 0.0,
-                            elapsed_s / tc.max_seconds if tc.max_seconds else 0.0))
+        done = min(
+            1.0,
+            max(step / tc.max_steps if tc.max_steps else 0.0, elapsed_s / tc.max_seconds if tc.max_seconds else 0.0),
+        )
         shape = 0.5 * (1 + math.cos(math.pi * done)) if tc.lr_schedule == "cosine" else 1.0 - done
         return tc.min_lr + (tc.lr - tc.min_lr) * shape
 
@@ -65,16 +67,25 @@ class LRSchedule:
         tc = self.tc
         warmup = f"{tc.warmup_steps} warmup steps, then " if tc.warmup_steps else ""
         if tc.lr_schedule == "plateau":
-            rule = (f"ReduceLROnPlateau (x{tc.plateau_factor:g} after {tc.plateau_patience + 1} stalled checks, "
-                    f"floor {tc.min_lr:g})")
+            rule = (
+                f"ReduceLROnPlateau (x{tc.plateau_factor:g} after {tc.plateau_patience + 1} stalled checks, "
+                f"floor {tc.min_lr:g})"
+            )
             other = "cosine"
         else:
-            budget = " or ".join(b for b in (f"{tc.max_steps:,} steps" if tc.max_steps else "",
-                                            f"{tc.max_seconds:g} s" if tc.max_seconds else "") if b)
+            budget = " or ".join(
+                b
+                for b in (
+                    f"{tc.max_steps:,} steps" if tc.max_steps else "",
+                    f"{tc.max_seconds:g} s" if tc.max_seconds else "",
+                )
+                if b
+            )
             rule = f"{tc.lr_schedule} decay from {tc.lr:g} to {tc.min_lr:g} over {budget}"
             other = "plateau"
-        stop = (f"; early stop after {tc.early_stop_patience} checks without improvement"
-                if tc.early_stop_patience else "")
+        stop = (
+            f"; early stop after {tc.early_stop_patience} checks without improvement" if tc.early_stop_patience else ""
+        )
         return f"lr schedule: {warmup}{rule}{stop} (switch with --set train.lr_schedule={other})"
 
     def state_dict(self) -> dict[str, Any]:
@@ -83,8 +94,10 @@ class LRSchedule:
     def load_state_dict(self, state: dict[str, Any], current_lr: float) -> None:
         """Restore the plateau state; also reads the torch ReduceLROnPlateau state of checkpoints before this module."""
         if "num_bad_epochs" in state:  # written by torch.optim.lr_scheduler.ReduceLROnPlateau
-            self.plateau = PlateauState(lr=current_lr, best=float(state["best"]),
-                                        bad_checks=int(state["num_bad_epochs"]))
+            self.plateau = PlateauState(
+                lr=current_lr, best=float(state["best"]), bad_checks=int(state["num_bad_epochs"])
+            )
         else:
-            self.plateau = PlateauState(lr=float(state["lr"]), best=float(state["best"]),
-                                        bad_checks=int(state["bad_checks"]))
+            self.plateau = PlateauState(
+                lr=float(state["lr"]), best=float(state["best"]), bad_checks=int(state["bad_checks"])
+            )

@@ -61,4 +61,3 @@ class StopSignals:
         if self.before_exit is not None:
             self.before_exit()
         os._exit(128 + signum)  # not sys.exit: torch.compile would catch the exception and carry on
-

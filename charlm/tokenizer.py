@@ -105,7 +105,9 @@ class ByteTokenizer:
     kind: TokenizerKind = "byte"
     unit = "byte"
     vocab_size = 256
-    chars: ClassVar[list[str]] = [chr(b) for b in range(256)]  # labels only (Latin-1); decode() is the real reading of ids
+    chars: ClassVar[list[str]] = [
+        chr(b) for b in range(256)
+    ]  # labels only (Latin-1); decode() is the real reading of ids
 
     def encode(self, text: str, unknown: UnknownPolicy = "error", replacement: str | None = None) -> list[int]:
         check_unknown_policy(unknown)  # every text has bytes: nothing is ever unknown

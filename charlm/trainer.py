@@ -12,7 +12,7 @@ import math
 import signal
 import time
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, cast
 
 import torch
 from torch import nn
@@ -54,8 +54,17 @@ def seed_for_rank(seed: int, rank: int) -> int:
 
 
 class Trainer:
-    def __init__(self, config: Config, model: nn.Module, corpus: Corpus, device: torch.device, out_dir: Path,
-                 reporter: TrainReporter, stop: StopRequest | None = None, dist: Dist | None = None):
+    def __init__(
+        self,
+        config: Config,
+        model: nn.Module,
+        corpus: Corpus,
+        device: torch.device,
+        out_dir: Path,
+        reporter: TrainReporter,
+        stop: StopRequest | None = None,
+        dist: Dist | None = None,
+    ):
         self.config, self.model, self.corpus, self.device = config, model, corpus, device
         self.out_dir, self.reporter, self.stop = out_dir, reporter, stop or NeverStop()
         self.dist = dist or Dist()
@@ -66,7 +75,9 @@ class Trainer:
         self.scaler = torch.amp.GradScaler(device.type) if self.amp_dtype == torch.float16 else None
         self.metrics = MetricsLog(out_dir, config, enabled=self.dist.is_main)
         T = config.model.block_size
-        self.sampler = RandomWindows(corpus.train, T, tc.batch_size, device, seed=seed_for_rank(tc.seed, self.dist.rank))
+        self.sampler = RandomWindows(
+            corpus.train, T, tc.batch_size, device, seed=seed_for_rank(tc.seed, self.dist.rank)
+        )
         # Fixed windows: every periodic evaluation scores the same text, so the plateau rule sees signal, not noise.
         self.val_starts = fixed_windows(corpus.val, T, tc.eval_windows, seed=tc.seed + 1)
         self.train_starts = fixed_windows(corpus.train, T, tc.eval_windows, seed=tc.seed + 2)
@@ -129,9 +140,16 @@ class Trainer:
 
     def _record(self, step_loss: torch.Tensor | None, **figures: float) -> dict:
         """What the loggers get: this step's figures (reading the loss is a device sync: only when logging)."""
-        return {"step": self.step, "tokens": self.tokens, "step_loss": None if step_loss is None else step_loss.item(),
-                "lr": self.lr, "tokens_per_s": self.tokens_per_s, "time": time.time(),
-                "elapsed_s": self.elapsed_before + time.perf_counter() - self.run_start, **figures}
+        return {
+            "step": self.step,
+            "tokens": self.tokens,
+            "step_loss": None if step_loss is None else step_loss.item(),
+            "lr": self.lr,
+            "tokens_per_s": self.tokens_per_s,
+            "time": time.time(),
+            "elapsed_s": self.elapsed_before + time.perf_counter() - self.run_start,
+            **figures,
+        }
 
     def _limit_reached(self) -> str:
         """'max_steps', 'max_seconds' or '' — the same on every rank; a stop request saves and raises here."""
@@ -188,7 +206,7 @@ class Trainer:
         for micro in range(tc.grad_accum):
             x, y = self.sampler.next_batch()
             sync = not self.dist.active or micro == tc.grad_accum - 1  # DDP all-reduces on the last micro-step only
-            with contextlib.nullcontext() if sync else self.eager.no_sync():
+            with contextlib.nullcontext() if sync else cast(nn.parallel.DistributedDataParallel, self.eager).no_sync():
                 with autocast(self.device, self.amp_dtype):
                     _, loss = self.forward(x, y)
                 loss = loss / tc.grad_accum
@@ -203,8 +221,9 @@ class Trainer:
             )
         optimizers = self.optimizer.optimizers
         if tc.grad_clip:
-            for opt in optimizers if self.scaler else []:
-                self.scaler.unscale_(opt)
+            if self.scaler:
+                for opt in optimizers:
+                    self.scaler.unscale_(opt)
             nn.utils.clip_grad_norm_(self.model.parameters(), tc.grad_clip)
         if self.scaler:
             for opt in optimizers:
@@ -250,18 +269,30 @@ class Trainer:
     def _windows_loss(self, ids: torch.Tensor, starts: torch.Tensor) -> float:
         """Mean loss on fixed windows; under DDP each rank scores its share and the sums are added up."""
         d = self.dist
-        total, count = windows_total(self.model, ids, starts[d.rank :: d.world_size], self.config.model.block_size,
-                                     self.device, amp_dtype=self.amp_dtype)
+        total, count = windows_total(
+            self.model,
+            ids,
+            starts[d.rank :: d.world_size],
+            self.config.model.block_size,
+            self.device,
+            amp_dtype=self.amp_dtype,
+        )
         both = d.sum_(torch.tensor([total, float(count)], dtype=torch.float64, device=self.device))
         return (both[0] / both[1]).item()
 
     def training_state(self) -> TrainingState:
         """Every rank takes part: it gathers each rank's random streams."""
         return TrainingState(
-            step=self.step, tokens=self.tokens, best_val_loss=self.best_val, evals_since_best=self.evals_since_best,
-            elapsed_s=self.elapsed_before + self.train_s + self.eval_s, optimizer=self.optimizer.state_dict(),
-            scheduler=self.schedule.state_dict(), scaler=self.scaler.state_dict() if self.scaler else None,
-            world_size=self.dist.world_size, global_batch=self.global_batch,
+            step=self.step,
+            tokens=self.tokens,
+            best_val_loss=self.best_val,
+            evals_since_best=self.evals_since_best,
+            elapsed_s=self.elapsed_before + self.train_s + self.eval_s,
+            optimizer=self.optimizer.state_dict(),
+            scheduler=self.schedule.state_dict(),
+            scaler=self.scaler.state_dict() if self.scaler else None,
+            world_size=self.dist.world_size,
+            global_batch=self.global_batch,
             ranks=self.dist.gather({"rng": rng_state(), "sampler": self.sampler.state_dict()}),
         )
 
@@ -290,8 +321,10 @@ class Trainer:
         fresh = seed_for_rank(self.config.train.seed, self.dist.rank) + self.step
         seed_everything(fresh)
         self.sampler.generator.manual_seed(fresh)
-        self.reporter.info(f"world size changed from {len(ranks)} to {self.dist.world_size}: batch and dropout "
-                           "streams re-derived (the run continues, not step-for-step identically)")
+        self.reporter.info(
+            f"world size changed from {len(ranks)} to {self.dist.world_size}: batch and dropout "
+            "streams re-derived (the run continues, not step-for-step identically)"
+        )
 
     def _save(self, name: str) -> None:
         training = self.training_state()
@@ -315,5 +348,7 @@ class Trainer:
 
     def _interrupt_message(self, signum: int) -> str:
         name = signal.Signals(signum).name
-        return (f"{name} received: stopped at step {self.step} and saved {self.out_dir / 'last.pt'}; "
-                f"continue with `charlm train --resume --out-dir {self.out_dir}`")
+        return (
+            f"{name} received: stopped at step {self.step} and saved {self.out_dir / 'last.pt'}; "
+            f"continue with `charlm train --resume --out-dir {self.out_dir}`"
+        )

@@ -56,8 +56,15 @@ def charlm(*args: str) -> dict:
     return json.loads(result.stdout)
 
 
-NANOGPT_SHAPE = ["model.n_layer=4", "model.n_head=4", "model.n_embd=128", "model.block_size=64", "model.dropout=0.0",
-                 "train.batch_size=12", "train.max_steps=600"]
+NANOGPT_SHAPE = [
+    "model.n_layer=4",
+    "model.n_head=4",
+    "model.n_embd=128",
+    "model.block_size=64",
+    "model.dropout=0.0",
+    "train.batch_size=12",
+    "train.max_steps=600",
+]
 
 
 def default_recipe(data: str, record: bool) -> None:
@@ -68,19 +75,42 @@ def default_recipe(data: str, record: bool) -> None:
     rows = run_recipes("cpu", data, [1337, 1338, 1339], recipe)
     s = summarize(rows, recipe)[0]
     with tempfile.TemporaryDirectory() as tmp:
-        shape = charlm("train", "--config", "tiny", "--data", data, "--out-dir", str(Path(tmp) / "shape"),
-                       *[x for item in NANOGPT_SHAPE for x in ("--set", item)], "--json", "--quiet")
-    print(f"\nfull-val median {s['median']:.4f}  min {s['min']:.4f}  max {s['max']:.4f}  "
-          f"(spread {s['max'] - s['min']:.4f});  wall median {s['wall_median']:.1f} s, max {s['wall_max']:.1f} s")
+        shape = charlm(
+            "train",
+            "--config",
+            "tiny",
+            "--data",
+            data,
+            "--out-dir",
+            str(Path(tmp) / "shape"),
+            *[x for item in NANOGPT_SHAPE for x in ("--set", item)],
+            "--json",
+            "--quiet",
+        )
+    print(
+        f"\nfull-val median {s['median']:.4f}  min {s['min']:.4f}  max {s['max']:.4f}  "
+        f"(spread {s['max'] - s['min']:.4f});  wall median {s['wall_median']:.1f} s, max {s['wall_max']:.1f} s"
+    )
     print(f"nanoGPT CPU shape: {shape['tokens_per_s']:,.0f} tokens/s")
     if record:
-        append_section("Default recipe, three seeds (`charlm train`)",
-                       ["seed", "full-val loss", "wall s", "steps", "tokens/s"],
-                       [[str(r["seed"]), f"{r['loss']:.4f}", f"{r['wall']:.1f}", f"{r['steps']:,}",
-                         f"{r['tokens_per_s']:,.0f}"] for r in rows]
-                       + [["**median / min / max**", f"**{s['median']:.4f}** / {s['min']:.4f} / {s['max']:.4f}",
-                           f"{s['wall_median']:.1f} / max {s['wall_max']:.1f}", "", ""],
-                          ["nanoGPT CPU shape, 600 steps", "", "", "600", f"{shape['tokens_per_s']:,.0f}"]])
+        append_section(
+            "Default recipe, three seeds (`charlm train`)",
+            ["seed", "full-val loss", "wall s", "steps", "tokens/s"],
+            [
+                [str(r["seed"]), f"{r['loss']:.4f}", f"{r['wall']:.1f}", f"{r['steps']:,}", f"{r['tokens_per_s']:,.0f}"]
+                for r in rows
+            ]
+            + [
+                [
+                    "**median / min / max**",
+                    f"**{s['median']:.4f}** / {s['min']:.4f} / {s['max']:.4f}",
+                    f"{s['wall_median']:.1f} / max {s['wall_max']:.1f}",
+                    "",
+                    "",
+                ],
+                ["nanoGPT CPU shape, 600 steps", "", "", "600", f"{shape['tokens_per_s']:,.0f}"],
+            ],
+        )
 
 
 def main() -> None:
@@ -107,33 +137,77 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         run = Path(tmp) / "run"
         started = time.perf_counter()
-        summary = charlm("train", "--config", args.config, "--data", args.data, "--out-dir", str(run),
-                         "--device", args.device, *sets, "--json", "--quiet")
+        summary = charlm(
+            "train",
+            "--config",
+            args.config,
+            "--data",
+            args.data,
+            "--out-dir",
+            str(run),
+            "--device",
+            args.device,
+            *sets,
+            "--json",
+            "--quiet",
+        )
         wall = time.perf_counter() - started
         metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-        sampled = charlm("sample", str(run / "best.pt"), "--max-new-tokens", "500", "--seed", "0", "--json",
-                         "--device", args.device)
+        sampled = charlm(
+            "sample", str(run / "best.pt"), "--max-new-tokens", "500", "--seed", "0", "--json", "--device", args.device
+        )
     flops = summary["tokens_per_s"] * info["flops_per_token"]
     reached = next((m for m in metrics if args.target_loss and m["val_loss"] <= args.target_loss), None)
     figures = {
-        "wall_s": wall, "tokens_per_s": summary["tokens_per_s"], "compile_s": summary["compile_s"],
-        "tflops": flops / 1e12, "of_fp32_peak": flops / peaks["fp32"], "of_bf16_peak": flops / peaks["bf16"],
-        "full_val_loss": summary["full_val_loss"], "steps": summary["steps"],
-        "time_to_target_s": reached["elapsed_s"] if reached else None, "peak_memory_mb": summary["peak_memory_mb"],
+        "wall_s": wall,
+        "tokens_per_s": summary["tokens_per_s"],
+        "compile_s": summary["compile_s"],
+        "tflops": flops / 1e12,
+        "of_fp32_peak": flops / peaks["fp32"],
+        "of_bf16_peak": flops / peaks["bf16"],
+        "full_val_loss": summary["full_val_loss"],
+        "steps": summary["steps"],
+        "time_to_target_s": reached["elapsed_s"] if reached else None,
+        "peak_memory_mb": summary["peak_memory_mb"],
         "sample_chars_per_s": sampled["chars_per_s"],
     }
     print(json.dumps(figures, indent=2))
     if args.record:
-        target = (f"{figures['time_to_target_s']:.1f} s to ≤ {args.target_loss}" if reached
-                  else f"not reached (≤ {args.target_loss})" if args.target_loss else "–")
+        target = (
+            f"{figures['time_to_target_s']:.1f} s to ≤ {args.target_loss}"
+            if reached
+            else f"not reached (≤ {args.target_loss})"
+            if args.target_loss
+            else "–"
+        )
         append_section(
             f"Training: {args.config} {' '.join(args.sets)}".strip(),
-            ["wall s (all)", "tokens/s", "compile s", "achieved GFLOP/s", "of fp32 / bf16 peak", "full-val loss",
-             "steps", "time to target", "peak memory MB", "sample chars/s"],
-            [[f"{wall:.1f}", f"{figures['tokens_per_s']:,.0f}", f"{figures['compile_s']:.1f}", f"{flops / 1e9:,.1f}",
-              f"{figures['of_fp32_peak']:.0%} / {figures['of_bf16_peak']:.0%}", f"{figures['full_val_loss']:.4f}",
-              f"{figures['steps']:,}", target, f"{figures['peak_memory_mb']:,.0f}",
-              f"{figures['sample_chars_per_s']:,.0f}"]],
+            [
+                "wall s (all)",
+                "tokens/s",
+                "compile s",
+                "achieved GFLOP/s",
+                "of fp32 / bf16 peak",
+                "full-val loss",
+                "steps",
+                "time to target",
+                "peak memory MB",
+                "sample chars/s",
+            ],
+            [
+                [
+                    f"{wall:.1f}",
+                    f"{figures['tokens_per_s']:,.0f}",
+                    f"{figures['compile_s']:.1f}",
+                    f"{flops / 1e9:,.1f}",
+                    f"{figures['of_fp32_peak']:.0%} / {figures['of_bf16_peak']:.0%}",
+                    f"{figures['full_val_loss']:.4f}",
+                    f"{figures['steps']:,}",
+                    target,
+                    f"{figures['peak_memory_mb']:,.0f}",
+                    f"{figures['sample_chars_per_s']:,.0f}",
+                ]
+            ],
         )
 
 

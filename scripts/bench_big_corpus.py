@@ -20,15 +20,18 @@ import sys
 import time
 from pathlib import Path
 
-RSS_CHILD = ("import resource, subprocess, sys; code = subprocess.call(sys.argv[1:]); "
-             "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, file=sys.stderr); sys.exit(code)")
+RSS_CHILD = (
+    "import resource, subprocess, sys; code = subprocess.call(sys.argv[1:]); "
+    "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, file=sys.stderr); sys.exit(code)"
+)
 
 
 def run_measured(args: list[str]) -> tuple[float, float, str, str]:
     """(wall seconds, peak RSS in MB, stdout, stderr) of `charlm ARGS` in its own process."""
     started = time.time()
-    proc = subprocess.run([sys.executable, "-c", RSS_CHILD, sys.executable, "-m", "charlm", *args],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-c", RSS_CHILD, sys.executable, "-m", "charlm", *args], capture_output=True, text=True
+    )
     wall = time.time() - started
     if proc.returncode != 0:
         sys.exit(f"charlm {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr}")
@@ -65,8 +68,23 @@ def main() -> None:
     size_mb = args.data.stat().st_size / 1e6
     for stale in args.data.parent.glob(f".{args.data.name}.{args.tokenizer}-tokens.*"):
         stale.unlink()  # run 1 prepares from scratch
-    train = ["train", "--config", "tiny", "--data", str(args.data), "--set", "train.max_steps=20",
-             "--set", f"data.tokenizer={args.tokenizer}", "--out-dir", str(args.out_dir), "--overwrite", "--json"]
+    train = [
+        "train",
+        "--config",
+        "tiny",
+        "--data",
+        str(args.data),
+        "--set",
+        "train.max_steps=20",
+        "--set",
+        f"data.tokenizer={args.tokenizer}",
+        "--set",
+        "train.log_interval=1",
+        "--out-dir",
+        str(args.out_dir),
+        "--overwrite",
+        "--json",
+    ]
     print(f"corpus {args.data.name}: {size_mb:,.1f} MB, tokenizer {args.tokenizer}")
     for label in ("run 1 (prepares)", "run 2 (prepared)"):
         started = time.time()
@@ -74,15 +92,18 @@ def main() -> None:
         summary = json.loads(out)
         prepared = re.search(r"in ([\d.]+) s \(([\d,]+) MB/s\)", err)
         prep = f", prepared in {prepared.group(1)} s ({prepared.group(2)} MB/s)" if prepared else ""
-        print(f"{label}: {wall:.1f} s wall, first step {first_step_after(args.out_dir, started):.1f} s after "
-              f"starting, peak RSS {rss:,.0f} MB{prep}; {summary['steps']} steps, end-of-run val pass "
-              f"{summary['full_val_loss']:.4f} over {summary['full_val_tokens']:,} tokens")
+        print(
+            f"{label}: {wall:.1f} s wall, first step {first_step_after(args.out_dir, started):.1f} s after "
+            f"starting, peak RSS {rss:,.0f} MB{prep}; {summary['steps']} steps, end-of-run val pass "
+            f"{summary['full_val_loss']:.4f} over {summary['full_val_tokens']:,} tokens"
+        )
     if args.eval:
-        wall, rss, out, _ = run_measured(["eval", str(args.out_dir), "--split", "val", "--batch-size", "256",
-                                          "--json"])
+        wall, rss, out, _ = run_measured(["eval", str(args.out_dir), "--split", "val", "--batch-size", "256", "--json"])
         result = json.loads(out)
-        print(f"eval --split val: {wall:.1f} s wall, peak RSS {rss:,.0f} MB; {result['chars']:,} tokens scored, "
-              f"loss {result['loss']:.4f}")
+        print(
+            f"eval --split val: {wall:.1f} s wall, peak RSS {rss:,.0f} MB; {result['chars']:,} tokens scored, "
+            f"loss {result['loss']:.4f}"
+        )
 
 
 if __name__ == "__main__":

@@ -54,16 +54,34 @@ def main() -> None:
             result = sample(model, tokenizer, tokenizer.encode("\n"), options)
             per_sample = result.chars_per_s / batch
             label = "KV cache" if cached else "no cache (reference)"
-            print(f"batch {batch}, {label:22s}: {result.chars_per_s:8.1f} chars/s in all, {per_sample:7.1f} per sample "
-                  f"({tokens} new chars each)")
+            print(
+                f"batch {batch}, {label:22s}: {result.chars_per_s:8.1f} chars/s in all, {per_sample:7.1f} per sample "
+                f"({tokens} new chars each)"
+            )
             rows.append([f"sampling, {shape}", str(batch), label, str(tokens), f"{result.chars_per_s:.1f}"])
 
     with tempfile.TemporaryDirectory() as tmp:
         ckpt = Path(tmp) / "model.pt"
-        save_checkpoint(ckpt, {"config": config.to_dict(), "vocab": tokenizer.chars, "model": model.state_dict(),
-                               "step": 0})
-        out = subprocess.run([sys.executable, "-m", "charlm", "sample", str(ckpt), "--max-new-tokens",
-                              str(args.tokens), "--seed", "0", "--json"], capture_output=True, text=True, check=True)
+        save_checkpoint(
+            ckpt, {"config": config.to_dict(), "vocab": tokenizer.chars, "model": model.state_dict(), "step": 0}
+        )
+        out = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "charlm",
+                "sample",
+                str(ckpt),
+                "--max-new-tokens",
+                str(args.tokens),
+                "--seed",
+                "0",
+                "--json",
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         cli_rate = json.loads(out.stdout)["chars_per_s"]
     print(f"CLI `charlm sample CKPT --max-new-tokens {args.tokens}` at batch 1: {cli_rate:.1f} chars/s")
     rows.append([f"CLI `charlm sample`, {shape}", "1", "KV cache", str(args.tokens), f"{cli_rate:.1f}"])

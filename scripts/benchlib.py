@@ -37,9 +37,13 @@ def append_section(title: str, header: list[str], rows: list[list[str]]) -> None
     if not BENCHMARKS.exists():
         BENCHMARKS.write_text("# Benchmarks\n\nFigures appended by the scripts in `scripts/`; newest last.\n")
     lines = [
-        "", f"## {title}", "",
-        f"{datetime.date.today().isoformat()} · {machine()} · torch {torch.__version__} · `{command()}`", "",
-        "| " + " | ".join(header) + " |", "|" + "---|" * len(header),
+        "",
+        f"## {title}",
+        "",
+        f"{datetime.date.today().isoformat()} · {machine()} · torch {torch.__version__} · `{command()}`",
+        "",
+        "| " + " | ".join(header) + " |",
+        "|" + "---|" * len(header),
         *("| " + " | ".join(row) + " |" for row in rows),
     ]
     with open(BENCHMARKS, "a", encoding="utf-8") as f:

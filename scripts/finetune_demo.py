@@ -32,21 +32,54 @@ def main() -> None:
     text = args.corpus.read_text(encoding="utf-8")
     first, second = args.work / "first-half.txt", args.work / "second-half.txt"
     first.write_text(text[: len(text) // 2], encoding="utf-8")
-    second.write_text(text[len(text) // 2:], encoding="utf-8")
+    second.write_text(text[len(text) // 2 :], encoding="utf-8")
     budget = ["--set", "train.max_steps=0"]
-    source = charlm("train", "--data", str(first), "--out-dir", str(args.work / "source"), "--overwrite",
-                    "--max-seconds", str(args.source_seconds), *budget)
+    source = charlm(
+        "train",
+        "--data",
+        str(first),
+        "--out-dir",
+        str(args.work / "source"),
+        "--overwrite",
+        "--max-seconds",
+        str(args.source_seconds),
+        *budget,
+    )
     print(f"source: {source['steps']} steps on the first half, its own val {source['full_val_loss']:.4f}")
     untouched = charlm("eval", str(args.work / "source"), "--data", str(second), "--split", "val", "--unknown", "skip")
-    tuned = charlm("train", "--data", str(second), "--out-dir", str(args.work / "tuned"), "--overwrite",
-                   "--init-from", str(args.work / "source"), "--extend-vocab", "--max-seconds", str(args.seconds),
-                   *budget)
-    fresh = charlm("train", "--data", str(second), "--out-dir", str(args.work / "fresh"), "--overwrite",
-                   "--max-seconds", str(args.seconds), *budget)
+    tuned = charlm(
+        "train",
+        "--data",
+        str(second),
+        "--out-dir",
+        str(args.work / "tuned"),
+        "--overwrite",
+        "--init-from",
+        str(args.work / "source"),
+        "--extend-vocab",
+        "--max-seconds",
+        str(args.seconds),
+        *budget,
+    )
+    fresh = charlm(
+        "train",
+        "--data",
+        str(second),
+        "--out-dir",
+        str(args.work / "fresh"),
+        "--overwrite",
+        "--max-seconds",
+        str(args.seconds),
+        *budget,
+    )
     print(f"second half's validation split ({tuned['full_val_tokens']:,} characters), nats/char:")
     print(f"  untouched model (first half only)   {untouched['loss']:.4f}  (characters it never saw skipped)")
-    print(f"  fresh run, {args.seconds:.0f} s                    {fresh['full_val_loss']:.4f}  ({fresh['steps']} steps)")
-    print(f"  fine-tuned, {args.seconds:.0f} s (--init-from)      {tuned['full_val_loss']:.4f}  ({tuned['steps']} steps)")
+    print(
+        f"  fresh run, {args.seconds:.0f} s                    {fresh['full_val_loss']:.4f}  ({fresh['steps']} steps)"
+    )
+    print(
+        f"  fine-tuned, {args.seconds:.0f} s (--init-from)      {tuned['full_val_loss']:.4f}  ({tuned['steps']} steps)"
+    )
 
 
 if __name__ == "__main__":

@@ -26,8 +26,23 @@ from benchlib import append_section
 
 
 def train(config: str, data: str, seed: int, sets: list[str], out_dir: Path) -> dict:
-    args = [sys.executable, "-m", "charlm", "train", "--config", config, "--data", data, "--out-dir", str(out_dir),
-            "--seed", str(seed), *[x for s in sets for x in ("--set", s)], "--json", "--quiet"]
+    args = [
+        sys.executable,
+        "-m",
+        "charlm",
+        "train",
+        "--config",
+        config,
+        "--data",
+        data,
+        "--out-dir",
+        str(out_dir),
+        "--seed",
+        str(seed),
+        *[x for s in sets for x in ("--set", s)],
+        "--json",
+        "--quiet",
+    ]
     started = time.perf_counter()
     result = subprocess.run(args, capture_output=True, text=True)
     wall = time.perf_counter() - started
@@ -42,10 +57,22 @@ def run_recipes(config: str, data: str, seeds: list[int], recipes: list[tuple[st
         for seed in seeds:
             for name, sets in recipes:
                 s = train(config, data, seed, sets, Path(tmp) / f"{name}-{seed}")
-                rows.append({"recipe": name, "seed": seed, "loss": s["full_val_loss"], "wall": s["outer_wall_s"],
-                             "steps": s["steps"], "tokens_per_s": s["tokens_per_s"], "stop": s["stop_reason"]})
-                print(f"{name:>24}  seed {seed}  full-val {s['full_val_loss']:.4f}  wall {s['outer_wall_s']:6.1f} s  "
-                      f"{s['steps']:>6,} steps  {s['tokens_per_s']:>8,.0f} tok/s  ({s['stop_reason']})", flush=True)
+                rows.append(
+                    {
+                        "recipe": name,
+                        "seed": seed,
+                        "loss": s["full_val_loss"],
+                        "wall": s["outer_wall_s"],
+                        "steps": s["steps"],
+                        "tokens_per_s": s["tokens_per_s"],
+                        "stop": s["stop_reason"],
+                    }
+                )
+                print(
+                    f"{name:>24}  seed {seed}  full-val {s['full_val_loss']:.4f}  wall {s['outer_wall_s']:6.1f} s  "
+                    f"{s['steps']:>6,} steps  {s['tokens_per_s']:>8,.0f} tok/s  ({s['stop_reason']})",
+                    flush=True,
+                )
     return rows
 
 
@@ -54,10 +81,18 @@ def summarize(rows: list[dict], recipes: list[tuple[str, list[str]]]) -> list[di
     for name, sets in recipes:
         mine = [r for r in rows if r["recipe"] == name]
         losses, walls = [r["loss"] for r in mine], [r["wall"] for r in mine]
-        out.append({"recipe": name, "settings": " ".join(sets) or "(the config as shipped)",
-                    "median": statistics.median(losses), "min": min(losses), "max": max(losses),
-                    "wall_max": max(walls), "wall_median": statistics.median(walls),
-                    "tokens_per_s": statistics.median(r["tokens_per_s"] for r in mine)})
+        out.append(
+            {
+                "recipe": name,
+                "settings": " ".join(sets) or "(the config as shipped)",
+                "median": statistics.median(losses),
+                "min": min(losses),
+                "max": max(losses),
+                "wall_max": max(walls),
+                "wall_median": statistics.median(walls),
+                "tokens_per_s": statistics.median(r["tokens_per_s"] for r in mine),
+            }
+        )
     return out
 
 
@@ -81,16 +116,39 @@ def main() -> None:
     summary = summarize(rows, recipes)
     print()
     for s in summary:
-        print(f"{s['recipe']:>24}  median {s['median']:.4f}  min {s['min']:.4f}  max {s['max']:.4f}  "
-              f"wall median {s['wall_median']:.1f} s, max {s['wall_max']:.1f} s  ({s['settings']})")
+        print(
+            f"{s['recipe']:>24}  median {s['median']:.4f}  min {s['min']:.4f}  max {s['max']:.4f}  "
+            f"wall median {s['wall_median']:.1f} s, max {s['wall_max']:.1f} s  ({s['settings']})"
+        )
     if args.record:
-        append_section(args.record, ["recipe", "settings", "seed", "full-val loss", "wall s", "steps", "tokens/s"],
-                       [[r["recipe"], next(s["settings"] for s in summary if s["recipe"] == r["recipe"]),
-                         str(r["seed"]), f"{r['loss']:.4f}", f"{r['wall']:.1f}", f"{r['steps']:,}",
-                         f"{r['tokens_per_s']:,.0f}"] for r in rows]
-                       + [[f"**{s['recipe']}**", "median / min / max", "", f"**{s['median']:.4f}** / {s['min']:.4f} / "
-                           f"{s['max']:.4f}", f"max {s['wall_max']:.1f}", "", f"{s['tokens_per_s']:,.0f}"]
-                          for s in summary])
+        append_section(
+            args.record,
+            ["recipe", "settings", "seed", "full-val loss", "wall s", "steps", "tokens/s"],
+            [
+                [
+                    r["recipe"],
+                    next(s["settings"] for s in summary if s["recipe"] == r["recipe"]),
+                    str(r["seed"]),
+                    f"{r['loss']:.4f}",
+                    f"{r['wall']:.1f}",
+                    f"{r['steps']:,}",
+                    f"{r['tokens_per_s']:,.0f}",
+                ]
+                for r in rows
+            ]
+            + [
+                [
+                    f"**{s['recipe']}**",
+                    "median / min / max",
+                    "",
+                    f"**{s['median']:.4f}** / {s['min']:.4f} / {s['max']:.4f}",
+                    f"max {s['wall_max']:.1f}",
+                    "",
+                    f"{s['tokens_per_s']:,.0f}",
+                ]
+                for s in summary
+            ],
+        )
 
 
 if __name__ == "__main__":

@@ -33,11 +33,36 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchlib import append_section
 
-NANOGPT_CPU = ["--device=cpu", "--compile=False", "--eval_iters=20", "--log_interval=1", "--block_size=64",
-               "--batch_size=12", "--n_layer=4", "--n_head=4", "--n_embd=128", "--dropout=0.0"]
-CHARLM_NANOGPT_SHAPE = ["--config", "tiny", "--set", "model.n_layer=4", "--set", "model.n_head=4", "--set",
-                        "model.n_embd=128", "--set", "model.block_size=64", "--set", "model.dropout=0.0", "--set",
-                        "train.batch_size=12", "--set", "train.max_steps=600"]
+NANOGPT_CPU = [
+    "--device=cpu",
+    "--compile=False",
+    "--eval_iters=20",
+    "--log_interval=1",
+    "--block_size=64",
+    "--batch_size=12",
+    "--n_layer=4",
+    "--n_head=4",
+    "--n_embd=128",
+    "--dropout=0.0",
+]
+CHARLM_NANOGPT_SHAPE = [
+    "--config",
+    "tiny",
+    "--set",
+    "model.n_layer=4",
+    "--set",
+    "model.n_head=4",
+    "--set",
+    "model.n_embd=128",
+    "--set",
+    "model.block_size=64",
+    "--set",
+    "model.dropout=0.0",
+    "--set",
+    "train.batch_size=12",
+    "--set",
+    "train.max_steps=600",
+]
 
 # Runs in the nanoGPT checkout with its own model.py: a full validation pass over val.bin, or timed generation.
 NANOGPT_PROBE = r"""
@@ -66,7 +91,9 @@ if sys.argv[1] == "fullval":
 else:
     x = torch.tensor([[0]])
     with torch.no_grad():
-        started = time.perf_counter(); model.generate(x, int(sys.argv[3]), temperature=0.8); dt = time.perf_counter() - started
+        started = time.perf_counter()
+        model.generate(x, int(sys.argv[3]), temperature=0.8)
+        dt = time.perf_counter() - started
     print(json.dumps({"chars_per_s": int(sys.argv[3]) / dt}))
 """
 
@@ -81,8 +108,11 @@ def run(args: list[str], cwd: Path | None = None) -> tuple[str, float]:
 
 
 def charlm(*args: str) -> tuple[dict, float]:
-    out, wall = run([sys.executable, "-m", "charlm", *args, "--json", "--quiet"] if args[0] == "train" else
-                    [sys.executable, "-m", "charlm", *args, "--json"])
+    out, wall = run(
+        [sys.executable, "-m", "charlm", *args, "--json", "--quiet"]
+        if args[0] == "train"
+        else [sys.executable, "-m", "charlm", *args, "--json"]
+    )
     return json.loads(out.strip().splitlines()[-1]), wall
 
 
@@ -95,8 +125,15 @@ def prepare_nanogpt(checkout: Path, data: Path, scratch: Path) -> Path:
 
 
 def nanogpt_train(work: Path, out_dir: Path, iters: int, extra: list[str]) -> tuple[float, list[float]]:
-    args = [sys.executable, "train.py", "config/train_shakespeare_char.py", f"--out_dir={out_dir}",
-            f"--max_iters={iters}", f"--lr_decay_iters={iters}", *extra]
+    args = [
+        sys.executable,
+        "train.py",
+        "config/train_shakespeare_char.py",
+        f"--out_dir={out_dir}",
+        f"--max_iters={iters}",
+        f"--lr_decay_iters={iters}",
+        *extra,
+    ]
     out, wall = run(args, cwd=work)
     ms = [float(m) for m in re.findall(r"iter \d+: loss [\d.]+, time ([\d.]+)ms", out)]
     return wall, ms
@@ -128,43 +165,79 @@ def main() -> None:
         n_wall, n_ms = nanogpt_train(work, scratch / "n1", 2000, NANOGPT_CPU)
         n_loss = nanogpt_probe(work, "fullval", scratch / "n1" / "ckpt.pt", str(val_bin))["loss"]
         c_sum, c_wall = charlm("train", "--data", str(args.data), "--out-dir", str(scratch / "c1"))
-        report("default recipes: full-val loss (wall time incl. start-up)",
-               f"{c_sum['full_val_loss']:.4f} nats/char ({c_wall:.1f} s)",
-               f"{n_loss:.4f} nats/char ({n_wall:.1f} s), CPU recipe 2,000 iters",
-               f"charlm {n_loss - c_sum['full_val_loss']:.3f} nats/char lower, in {c_wall / n_wall:.2f}x the time")
+        report(
+            "default recipes: full-val loss (wall time incl. start-up)",
+            f"{c_sum['full_val_loss']:.4f} nats/char ({c_wall:.1f} s)",
+            f"{n_loss:.4f} nats/char ({n_wall:.1f} s), CPU recipe 2,000 iters",
+            f"charlm {n_loss - c_sum['full_val_loss']:.3f} nats/char lower, in {c_wall / n_wall:.2f}x the time",
+        )
 
         # 2. nanoGPT stretched to charlm's wall time
         iters = max(1, round(2000 * c_wall / n_wall))
         s_wall, _ = nanogpt_train(work, scratch / "n2", iters, NANOGPT_CPU)
         s_loss = nanogpt_probe(work, "fullval", scratch / "n2" / "ckpt.pt", str(val_bin))["loss"]
         c2_sum, c2_wall = charlm("train", "--data", str(args.data), "--out-dir", str(scratch / "c2"))
-        report(f"same wall time: nanoGPT's recipe stretched to {iters:,} iters",
-               f"{c2_sum['full_val_loss']:.4f} nats/char ({c2_wall:.1f} s)",
-               f"{s_loss:.4f} nats/char ({s_wall:.1f} s)",
-               f"charlm {s_loss - c2_sum['full_val_loss']:.3f} nats/char lower")
+        report(
+            f"same wall time: nanoGPT's recipe stretched to {iters:,} iters",
+            f"{c2_sum['full_val_loss']:.4f} nats/char ({c2_wall:.1f} s)",
+            f"{s_loss:.4f} nats/char ({s_wall:.1f} s)",
+            f"charlm {s_loss - c2_sum['full_val_loss']:.3f} nats/char lower",
+        )
 
         # 3. throughput on nanoGPT's CPU shape (nanoGPT's log of the first run: skip its first 10 iterations)
         n_tps = 12 * 64 / (statistics.median(n_ms[10:]) / 1000)
         t_sum, _ = charlm("train", *CHARLM_NANOGPT_SHAPE, "--data", str(args.data), "--out-dir", str(scratch / "c3"))
-        report("training throughput, 4 x 128, context 64, batch 12", f"{t_sum['tokens_per_s']:,.0f} tokens/s",
-               f"{n_tps:,.0f} tokens/s", f"{t_sum['tokens_per_s'] / n_tps:.2f}x")
+        report(
+            "training throughput, 4 x 128, context 64, batch 12",
+            f"{t_sum['tokens_per_s']:,.0f} tokens/s",
+            f"{n_tps:,.0f} tokens/s",
+            f"{t_sum['tokens_per_s'] / n_tps:.2f}x",
+        )
 
         # 4. generation with the baby GPT (6 x 384, context 256), 1,000 characters at batch 1
-        baby = ["--device=cpu", "--compile=False", "--eval_interval=1", "--eval_iters=1", "--always_save_checkpoint=True",
-                "--batch_size=4"]
+        baby = [
+            "--device=cpu",
+            "--compile=False",
+            "--eval_interval=1",
+            "--eval_iters=1",
+            "--always_save_checkpoint=True",
+            "--batch_size=4",
+        ]
         nanogpt_train(work, scratch / "n4", 1, baby)
         n_gen = nanogpt_probe(work, "generate", scratch / "n4" / "ckpt.pt", "1000")["chars_per_s"]
-        charlm("train", "--config", "gpu", "--data", str(args.data), "--out-dir", str(scratch / "c4"), "--device",
-               "cpu", "--max-steps", "1", "--set", "train.batch_size=4", "--set", "train.eval_windows=4",
-               "--set", "train.compile=false")
-        c_gen, _ = charlm("sample", str(scratch / "c4" / "best.pt"), "--max-new-tokens", "1000", "--seed", "0",
-                          "--device", "cpu")
-        report("sampling 1,000 characters, 6 x 384, context 256, batch 1", f"{c_gen['chars_per_s']:,.0f} chars/s",
-               f"{n_gen:,.0f} chars/s (no KV cache)", f"{c_gen['chars_per_s'] / n_gen:.1f}x")
+        charlm(
+            "train",
+            "--config",
+            "gpu",
+            "--data",
+            str(args.data),
+            "--out-dir",
+            str(scratch / "c4"),
+            "--device",
+            "cpu",
+            "--max-steps",
+            "1",
+            "--set",
+            "train.batch_size=4",
+            "--set",
+            "train.eval_windows=4",
+            "--set",
+            "train.compile=false",
+        )
+        c_gen, _ = charlm(
+            "sample", str(scratch / "c4" / "best.pt"), "--max-new-tokens", "1000", "--seed", "0", "--device", "cpu"
+        )
+        report(
+            "sampling 1,000 characters, 6 x 384, context 256, batch 1",
+            f"{c_gen['chars_per_s']:,.0f} chars/s",
+            f"{n_gen:,.0f} chars/s (no KV cache)",
+            f"{c_gen['chars_per_s'] / n_gen:.1f}x",
+        )
 
     if args.record:
-        append_section("charlm against nanoGPT, side by side (scripts/vs_nanogpt.py)",
-                       ["what", "nanoGPT", "charlm", "ratio"], rows)
+        append_section(
+            "charlm against nanoGPT, side by side (scripts/vs_nanogpt.py)", ["what", "nanoGPT", "charlm", "ratio"], rows
+        )
 
 
 if __name__ == "__main__":

@@ -43,24 +43,61 @@ def main() -> None:
     if not found:
         raise SystemExit(f"no RESULT line in the notebook's output:\n{out[-2000:]}")
     steps = re.findall(r"Step (\d+):", out)
-    notebook = {"loss": float(found.group(2)), "wall": wall, "steps": int(steps[-1]) if steps else 0,
-                "early_stop": "early stop" in out}
-    print(f"notebook's own code: full-val {notebook['loss']:.4f} nats/char in {wall:.1f} s "
-          f"(last check at step {notebook['steps']:,}{', early stop' if notebook['early_stop'] else ''})", flush=True)
+    notebook = {
+        "loss": float(found.group(2)),
+        "wall": wall,
+        "steps": int(steps[-1]) if steps else 0,
+        "early_stop": "early stop" in out,
+    }
+    print(
+        f"notebook's own code: full-val {notebook['loss']:.4f} nats/char in {wall:.1f} s "
+        f"(last check at step {notebook['steps']:,}{', early stop' if notebook['early_stop'] else ''})",
+        flush=True,
+    )
 
     with tempfile.TemporaryDirectory() as tmp:
-        out, wall = timed([sys.executable, "-m", "charlm", "train", "--config", "notebook", "--data", args.data,
-                           "--out-dir", str(Path(tmp) / "nb"), "--json", "--quiet"])
+        out, wall = timed(
+            [
+                sys.executable,
+                "-m",
+                "charlm",
+                "train",
+                "--config",
+                "notebook",
+                "--data",
+                args.data,
+                "--out-dir",
+                str(Path(tmp) / "nb"),
+                "--json",
+                "--quiet",
+            ]
+        )
     s = json.loads(out)
-    print(f"charlm --config notebook: full-val {s['full_val_loss']:.4f} nats/char in {wall:.1f} s "
-          f"({s['steps']:,} steps, {s['stop_reason']})")
+    print(
+        f"charlm --config notebook: full-val {s['full_val_loss']:.4f} nats/char in {wall:.1f} s "
+        f"({s['steps']:,} steps, {s['stop_reason']})"
+    )
     if args.record:
-        append_section("configs/notebook.yaml beside the course notebook's own code (scripts/vs_notebook.py)",
-                       ["run", "full-val loss", "wall s", "steps", "ended by"],
-                       [["the notebook's own code", f"{notebook['loss']:.4f}", f"{notebook['wall']:.1f}",
-                         f"{notebook['steps']:,} (last check)", "early stop" if notebook["early_stop"] else "30,000 steps"],
-                        ["`charlm train --config notebook`", f"{s['full_val_loss']:.4f}", f"{wall:.1f}",
-                         f"{s['steps']:,}", s["stop_reason"]]])
+        append_section(
+            "configs/notebook.yaml beside the course notebook's own code (scripts/vs_notebook.py)",
+            ["run", "full-val loss", "wall s", "steps", "ended by"],
+            [
+                [
+                    "the notebook's own code",
+                    f"{notebook['loss']:.4f}",
+                    f"{notebook['wall']:.1f}",
+                    f"{notebook['steps']:,} (last check)",
+                    "early stop" if notebook["early_stop"] else "30,000 steps",
+                ],
+                [
+                    "`charlm train --config notebook`",
+                    f"{s['full_val_loss']:.4f}",
+                    f"{wall:.1f}",
+                    f"{s['steps']:,}",
+                    s["stop_reason"],
+                ],
+            ],
+        )
 
 
 if __name__ == "__main__":

@@ -21,8 +21,20 @@ EXCERPT_BYTES = 120_117
 FULL_CORPUS_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
 FULL_CORPUS_BYTES = 1_115_394
 # A model small enough that a CLI training run takes a few seconds.
-SMALL = ["--config", "tiny", "--set", "model.n_layer=1", "--set", "model.n_embd=32", "--set", "model.block_size=16",
-         "--set", "train.eval_interval=10", "--set", "train.eval_windows=16"]
+SMALL = [
+    "--config",
+    "tiny",
+    "--set",
+    "model.n_layer=1",
+    "--set",
+    "model.n_embd=32",
+    "--set",
+    "model.block_size=16",
+    "--set",
+    "train.eval_interval=10",
+    "--set",
+    "train.eval_windows=16",
+]
 
 
 @pytest.fixture(scope="session")
@@ -35,21 +47,34 @@ def corpus() -> Path:
 @pytest.fixture(scope="session")
 def full_corpus() -> Path:
     """The whole of tiny-shakespeare, or a skip that says where the test looked."""
-    candidates = [Path(p) for p in [os.environ.get("CHARLM_TEST_CORPUS")] if p] + [REPO / "data" / "tinyshakespeare.txt"]
+    candidates = [Path(p) for p in [os.environ.get("CHARLM_TEST_CORPUS")] if p] + [
+        REPO / "data" / "tinyshakespeare.txt"
+    ]
     for path in candidates:
         if path.is_file() and path.stat().st_size == FULL_CORPUS_BYTES and sha256(path) == FULL_CORPUS_SHA256:
             return path
     pytest.skip("needs the full tiny-shakespeare: set CHARLM_TEST_CORPUS=/path/to/input.txt or run `charlm download`")
 
 
-def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None, timeout: float = 300,
-            check: bool = False, input: str | None = None) -> subprocess.CompletedProcess:
+def run_cli(
+    *args: str,
+    cwd: Path | None = None,
+    env: dict | None = None,
+    timeout: float = 300,
+    check: bool = False,
+    input: str | None = None,
+) -> subprocess.CompletedProcess:
     """`python -m charlm ARGS` in a real subprocess, with no TTY (as in CI); stdin is `input`, else empty."""
     inherited = {k: v for k, v in os.environ.items() if k not in ("CHARLM_DATA_URL", "NO_COLOR")}
     full_env = {**inherited, "PYTHONPATH": str(REPO), **(env or {})}
     result = subprocess.run(
-        [sys.executable, "-m", "charlm", *map(str, args)], cwd=cwd, env=full_env, capture_output=True, text=True,
-        timeout=timeout, **({"input": input} if input is not None else {"stdin": subprocess.DEVNULL}),
+        [sys.executable, "-m", "charlm", *map(str, args)],
+        cwd=cwd,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        **({"input": input} if input is not None else {"stdin": subprocess.DEVNULL}),
     )
     if check and result.returncode != 0:
         raise AssertionError(f"charlm {' '.join(map(str, args))} exited {result.returncode}:\n{result.stderr}")

@@ -105,8 +105,10 @@ def test_sinusoidal_rope_and_alibi_add_no_parameters():
 def test_rope_scores_depend_only_on_relative_position():
     rotary = Rotary(8)
     q, k = torch.randn(1, 1, 1, 8), torch.randn(1, 1, 1, 8)
+
     def score(m, n):
         return (rotary(q, torch.tensor([m])) * rotary(k, torch.tensor([n]))).sum().item()
+
     assert math.isclose(score(5, 2), score(105, 102), rel_tol=1e-4)
     assert not math.isclose(score(5, 2), score(5, 4), rel_tol=1e-3)
 
@@ -143,10 +145,11 @@ def test_swiglu_hidden_width_keeps_parameter_counts_comparable():
 
 
 def test_textbook_base_size_rows():
-    config = ModelConfig(n_layer=6, n_head=8, n_embd=512, block_size=512, activation="relu")
-    rows = {r.component.split(" (")[0]: r for r in model_info(config, 65).rows}
     d, d_ff = 512, 2048
-    assert rows["attention Q/K/V/output"].params == 4 * d * d + 4 * d
+    for heads in (1, 8, 64):  # the attention count does not depend on h: the heads split d, they add nothing
+        config = ModelConfig(n_layer=6, n_head=heads, n_embd=512, block_size=512, activation="relu")
+        rows = {r.component.split(" (")[0]: r for r in model_info(config, 65).rows}
+        assert rows["attention Q/K/V/output"].params == 4 * d * d + 4 * d, heads
     assert rows["feed-forward"].params == 2 * d * d_ff + d_ff + d
     assert rows["feed-forward"].formula == "2·d·d_ff + d_ff + d"
 
@@ -156,8 +159,10 @@ def test_checkpoint_written_before_the_architecture_keys_loads_with_the_old_beha
     for key in ("pos_encoding", "norm", "norm_position", "activation", "ffn_mult", "tie_weights"):
         del old_config["model"][key]
     model = build()
-    save_checkpoint(tmp_path / "old.pt", {"config": old_config, "vocab": [chr(65 + i) for i in range(V)],
-                                          "model": model.state_dict(), "step": 1})
+    save_checkpoint(
+        tmp_path / "old.pt",
+        {"config": old_config, "vocab": [chr(65 + i) for i in range(V)], "model": model.state_dict(), "step": 1},
+    )
     loaded = load_checkpoint(tmp_path / "old.pt")
     assert loaded.config.model.pos_encoding == "learned" and loaded.config.model.tie_weights
     x = torch.randint(V, (1, 16))
@@ -182,8 +187,20 @@ def test_info_cli_for_the_gpu_config_shows_about_10_7m(tmp_path):
 @pytest.mark.parametrize("encoding", ["rope", "alibi", "sinusoidal"])
 def test_variants_train_resume_eval_sample_and_info_through_the_cli(tmp_path, corpus, encoding):
     run = tmp_path / encoding
-    args = ("train", *SMALL, "--data", corpus, "--out-dir", run, "--set", f"model.pos_encoding={encoding}",
-            "--set", "model.norm=rmsnorm", "--set", "model.activation=swiglu")
+    args = (
+        "train",
+        *SMALL,
+        "--data",
+        corpus,
+        "--out-dir",
+        run,
+        "--set",
+        f"model.pos_encoding={encoding}",
+        "--set",
+        "model.norm=rmsnorm",
+        "--set",
+        "model.activation=swiglu",
+    )
     run_cli(*args, "--max-steps", "10", check=True)
     run_cli("train", "--resume", "--out-dir", run, "--max-steps", "20", check=True)
     ckpt = load_checkpoint(run / "last.pt")

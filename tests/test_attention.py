@@ -82,8 +82,17 @@ def test_every_position_attends_to_itself(encoding):
 def test_the_mask_keeps_the_diagonal_and_the_window():
     pos = torch.arange(6)
     mask = attention_mask(pos, pos, window=3, slopes=None, dtype=torch.float32)
-    expected = torch.tensor([[1, 0, 0, 0, 0, 0], [1, 1, 0, 0, 0, 0], [1, 1, 1, 0, 0, 0],
-                             [0, 1, 1, 1, 0, 0], [0, 0, 1, 1, 1, 0], [0, 0, 0, 1, 1, 1]], dtype=torch.bool)
+    expected = torch.tensor(
+        [
+            [1, 0, 0, 0, 0, 0],
+            [1, 1, 0, 0, 0, 0],
+            [1, 1, 1, 0, 0, 0],
+            [0, 1, 1, 1, 0, 0],
+            [0, 0, 1, 1, 1, 0],
+            [0, 0, 0, 1, 1, 1],
+        ],
+        dtype=torch.bool,
+    )
     assert torch.equal(mask, expected)
     assert not torch.equal(mask, torch.tril(torch.ones(6, 6), -1).bool())
 
@@ -98,8 +107,9 @@ def test_attention_command_draws_a_png_and_prints_json(tiny_checkpoint, tmp_path
     assert data["chars"] == list("ROMEO: ") and w.shape == (1, 2, 7, 7)
     torch.testing.assert_close(w.sum(-1), torch.ones(1, 2, 7))
     assert (w[..., torch.triu(torch.ones(7, 7, dtype=torch.bool), 1)] == 0).all()
-    one = json.loads(run_cli("attention", tiny_checkpoint, "--prompt", "AB", "--head", "1", "--json",
-                             check=True).stdout)
+    one = json.loads(
+        run_cli("attention", tiny_checkpoint, "--prompt", "AB", "--head", "1", "--json", check=True).stdout
+    )
     assert one["heads"] == [1] and torch.tensor(one["weights"]).shape == (1, 1, 2, 2)
 
 

@@ -15,9 +15,26 @@ import pytest
 from charlm.download import CORPORA
 from tests.conftest import CorpusServer, assert_one_line_error, run_cli
 
-SMALL_MODEL = ["--set", "model.n_layer=1", "--set", "model.n_embd=32", "--set", "model.n_head=2",
-               "--set", "model.block_size=16", "--set", "train.max_steps=6", "--set", "train.max_seconds=0",
-               "--set", "train.eval_interval=3", "--set", "train.eval_windows=8", "--set", "train.warmup_steps=2"]
+SMALL_MODEL = [
+    "--set",
+    "model.n_layer=1",
+    "--set",
+    "model.n_embd=32",
+    "--set",
+    "model.n_head=2",
+    "--set",
+    "model.block_size=16",
+    "--set",
+    "train.max_steps=6",
+    "--set",
+    "train.max_seconds=0",
+    "--set",
+    "train.eval_interval=3",
+    "--set",
+    "train.eval_windows=8",
+    "--set",
+    "train.warmup_steps=2",
+]
 
 
 def _zip(member: str, body: bytes) -> bytes:
@@ -51,6 +68,12 @@ def mirror():
         s.httpd.server_close()
 
 
+def test_the_download_command_offers_exactly_the_builtin_corpora():
+    from charlm.cli_support import Corpus
+
+    assert [c.value for c in Corpus] == list(CORPORA)
+
+
 def test_the_real_corpora_are_pinned():
     assert CORPORA["enwik8"].url == "http://mattmahoney.net/dc/enwik8.zip"
     assert CORPORA["enwik8"].sha256 == "547994d9980ebed1288380d652999f38a14fe291a6247c157c3d33d4932534bc"
@@ -68,20 +91,35 @@ def test_enwik8_downloads_extracts_trains_on_bytes_and_reports_bits_per_byte(tmp
     got = run_cli("download", "enwik8", "--url", server.url("good"), "--sha256", digest, "--dest", dest)
     assert got.returncode == 0, got.stderr
     assert dest.read_bytes() == body and (tmp_path / "enwik8.zip").read_bytes() == archive
-    again = run_cli("download", "enwik8", "--url", server.url("good"), "--sha256", digest, "--dest", dest,
-                    check=True)
+    again = run_cli("download", "enwik8", "--url", server.url("good"), "--sha256", digest, "--dest", dest, check=True)
     assert "already there, verified" in again.stderr and server.requests["/good"] == 1
 
     run = tmp_path / "run"
-    trained = run_cli("train", "--config", "enwik8", "--data", dest, "--out-dir", run, "--set", "data.val_size=5000",
-                      "--set", "data.test_size=5000", *SMALL_MODEL, "--json")
+    trained = run_cli(
+        "train",
+        "--config",
+        "enwik8",
+        "--data",
+        dest,
+        "--out-dir",
+        run,
+        "--set",
+        "data.val_size=5000",
+        "--set",
+        "data.test_size=5000",
+        *SMALL_MODEL,
+        "--json",
+    )
     assert trained.returncode == 0, trained.stderr
     assert json.loads(trained.stdout)["unit"] == "byte"
     figures = json.loads(run_cli("eval", run, "--split", "test", "--json", check=True).stdout)
     assert figures["unit"] == "byte" and figures["split"] == "test" and figures["chars"] == 5000 - 1
     assert "bits/byte" in run_cli("eval", run, "--split", "test", check=True).stdout
-    sampled = json.loads(run_cli("sample", run, "--prompt", "<page>", "--max-new-tokens", "200", "--seed", "1",
-                                 "--json", check=True).stdout)
+    sampled = json.loads(
+        run_cli(
+            "sample", run, "--prompt", "<page>", "--max-new-tokens", "200", "--seed", "1", "--json", check=True
+        ).stdout
+    )
     assert sampled["samples"][0].startswith("<page>") and isinstance(sampled["replaced"], int)
 
 
@@ -91,11 +129,33 @@ def test_text8_splits_90_5_5_the_papers_way_and_scores_the_test_split(tmp_path, 
     archive = _zip("text8", body)
     server = mirror(archive)
     dest = tmp_path / "text8"
-    run_cli("download", "text8", "--url", server.url("good"), "--sha256", hashlib.sha256(archive).hexdigest(),
-            "--dest", dest, check=True)
+    run_cli(
+        "download",
+        "text8",
+        "--url",
+        server.url("good"),
+        "--sha256",
+        hashlib.sha256(archive).hexdigest(),
+        "--dest",
+        dest,
+        check=True,
+    )
     run = tmp_path / "run"
-    run_cli("train", "--config", "text8", "--data", dest, "--out-dir", run, "--set", "data.val_size=2000",
-            "--set", "data.test_size=2000", *SMALL_MODEL, check=True)
+    run_cli(
+        "train",
+        "--config",
+        "text8",
+        "--data",
+        dest,
+        "--out-dir",
+        run,
+        "--set",
+        "data.val_size=2000",
+        "--set",
+        "data.test_size=2000",
+        *SMALL_MODEL,
+        check=True,
+    )
     figures = json.loads(run_cli("eval", run, "--split", "test", "--stride", "4", "--json", check=True).stdout)
     assert figures["chars"] == 1999 and figures["unit"] == "char" and figures["stride"] == 4
     val = json.loads(run_cli("eval", run, "--json", check=True).stdout)
@@ -112,13 +172,30 @@ def test_a_mirror_with_other_bytes_is_refused_and_nothing_is_written(tmp_path, m
 def test_an_archive_without_the_corpus_inside_is_refused(tmp_path, mirror):
     archive = _zip("something-else", b"hello")
     server = mirror(archive)
-    result = run_cli("download", "text8", "--url", server.url("good"), "--sha256",
-                     hashlib.sha256(archive).hexdigest(), "--dest", tmp_path / "text8")
+    result = run_cli(
+        "download",
+        "text8",
+        "--url",
+        server.url("good"),
+        "--sha256",
+        hashlib.sha256(archive).hexdigest(),
+        "--dest",
+        tmp_path / "text8",
+    )
     assert_one_line_error(result, 1, "has no 'text8' inside")
     assert not (tmp_path / "text8").exists()
     not_zip = mirror(b"plain text, not a zip")
-    result = run_cli("download", "text8", "--url", not_zip.url("good"), "--sha256",
-                     hashlib.sha256(b"plain text, not a zip").hexdigest(), "--dest", tmp_path / "t8", "--force")
+    result = run_cli(
+        "download",
+        "text8",
+        "--url",
+        not_zip.url("good"),
+        "--sha256",
+        hashlib.sha256(b"plain text, not a zip").hexdigest(),
+        "--dest",
+        tmp_path / "t8",
+        "--force",
+    )
     assert_one_line_error(result, 1, "is not a zip archive")
     assert not (tmp_path / "t8").exists()
 
@@ -134,8 +211,16 @@ def test_training_on_a_missing_builtin_corpus_downloads_it_from_its_mirror(tmp_p
     server = mirror(archive)
     (tmp_path / "data").mkdir()
     # the pinned hash cannot match a stand-in, so a user's mirror must hold the real archive: this one does not
-    result = run_cli("train", "--config", "enwik8", "--out-dir", tmp_path / "run", *SMALL_MODEL, cwd=tmp_path,
-                     env={"CHARLM_ENWIK8_URL": server.url("good")})
+    result = run_cli(
+        "train",
+        "--config",
+        "enwik8",
+        "--out-dir",
+        tmp_path / "run",
+        *SMALL_MODEL,
+        cwd=tmp_path,
+        env={"CHARLM_ENWIK8_URL": server.url("good")},
+    )
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
     assert lines[0].startswith("data/enwik8 is missing: downloading enwik8 from http://127.0.0.1")

@@ -29,7 +29,9 @@ def test_python_dash_m_and_the_console_script_agree():
 
     exe = shutil.which("charlm")
     if exe:  # installed (as in CI): the entry point behaves the same
-        assert subprocess.run([exe, "--version"], capture_output=True, text=True).stdout.strip() == f"charlm {__version__}"
+        assert (
+            subprocess.run([exe, "--version"], capture_output=True, text=True).stdout.strip() == f"charlm {__version__}"
+        )
 
 
 def test_unknown_option_is_one_line_exit_2():

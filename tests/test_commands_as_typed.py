@@ -13,8 +13,20 @@ from conftest import REPO, SMALL, assert_one_line_error, run_cli
 
 
 def _train(cwd, out_dir, corpus, *extra, steps=10):
-    return run_cli("train", *SMALL, "--data", corpus, "--out-dir", out_dir, "--max-steps", steps, "--json", *extra,
-                   cwd=cwd, check=True)
+    return run_cli(
+        "train",
+        *SMALL,
+        "--data",
+        corpus,
+        "--out-dir",
+        out_dir,
+        "--max-steps",
+        steps,
+        "--json",
+        *extra,
+        cwd=cwd,
+        check=True,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -28,12 +40,23 @@ def two_runs(tmp_path_factory, corpus):
 
 
 def test_sample_and_eval_without_a_checkpoint_use_the_newest_run_and_say_so(two_runs):
-    sampled = run_cli("sample", "--prompt", "JULIET:", "--max-new-tokens", "20", "--seed", "1", cwd=two_runs,
-                      check=True)
+    sampled = run_cli(
+        "sample", "--prompt", "JULIET:", "--max-new-tokens", "20", "--seed", "1", cwd=two_runs, check=True
+    )
     assert sampled.stdout.startswith("JULIET:")
     assert sampled.stderr.strip() == f"using {os.path.join('runs', 'new', 'best.pt')} (newest run)"
-    explicit = run_cli("sample", "runs/new/best.pt", "--prompt", "JULIET:", "--max-new-tokens", "20", "--seed", "1",
-                       cwd=two_runs, check=True)
+    explicit = run_cli(
+        "sample",
+        "runs/new/best.pt",
+        "--prompt",
+        "JULIET:",
+        "--max-new-tokens",
+        "20",
+        "--seed",
+        "1",
+        cwd=two_runs,
+        check=True,
+    )
     assert explicit.stdout == sampled.stdout and explicit.stderr == ""
     evaluated = run_cli("eval", "--json", cwd=two_runs, check=True)
     assert "runs/new/best.pt (newest run)" in evaluated.stderr and json.loads(evaluated.stdout)["loss"] > 0
@@ -56,8 +79,9 @@ def test_no_run_and_no_checkpoint_is_one_line_saying_what_to_do(tmp_path):
 
 
 def test_prompt_file_dash_reads_standard_input(tiny_checkpoint):
-    result = run_cli("sample", tiny_checkpoint, "--prompt-file", "-", "--max-new-tokens", "20", input="ROMEO:\n",
-                     check=True)
+    result = run_cli(
+        "sample", tiny_checkpoint, "--prompt-file", "-", "--max-new-tokens", "20", input="ROMEO:\n", check=True
+    )
     assert result.stdout.startswith("ROMEO:\n") and len(result.stdout) >= len("ROMEO:\n") + 20
 
 
@@ -68,8 +92,21 @@ def test_a_missing_prompt_file_is_named_as_a_prompt_file(tiny_checkpoint, tmp_pa
 
 
 def test_the_same_command_with_resume_appended_continues_the_run(tmp_path, corpus):
-    first = ["train", *SMALL, "--data", corpus, "--out-dir", tmp_path / "r", "--set", "model.dropout=0.1",
-             "--set", "train.seed=3", "--set", "train.max_steps=10", "--json"]
+    first = [
+        "train",
+        *SMALL,
+        "--data",
+        corpus,
+        "--out-dir",
+        tmp_path / "r",
+        "--set",
+        "model.dropout=0.1",
+        "--set",
+        "train.seed=3",
+        "--set",
+        "train.max_steps=10",
+        "--json",
+    ]
     run_cli(*first, check=True)
     again = run_cli(*first, "--resume", "--set", "train.max_steps=20", check=True)
     assert json.loads(again.stdout)["steps"] == 20
@@ -86,31 +123,58 @@ def test_resume_refuses_a_real_change_naming_saved_and_given_values_once(tmp_pat
 
 
 def test_resume_compares_a_given_config_file_too(tmp_path, corpus):
-    run_cli("train", "--config", "tiny", "--data", corpus, "--out-dir", tmp_path / "r", "--max-steps", "5",
-            check=True)
-    same = run_cli("train", "--config", "tiny", "--data", corpus, "--out-dir", tmp_path / "r", "--resume",
-                   "--max-steps", "10", "--json", check=True)
+    run_cli("train", "--config", "tiny", "--data", corpus, "--out-dir", tmp_path / "r", "--max-steps", "5", check=True)
+    same = run_cli(
+        "train",
+        "--config",
+        "tiny",
+        "--data",
+        corpus,
+        "--out-dir",
+        tmp_path / "r",
+        "--resume",
+        "--max-steps",
+        "10",
+        "--json",
+        check=True,
+    )
     assert json.loads(same.stdout)["steps"] == 10
     other = run_cli("train", "--config", "cpu", "--data", corpus, "--out-dir", tmp_path / "r", "--resume")
     assert other.returncode == 2 and "model.n_embd" in other.stderr and "Traceback" not in other.stderr
 
 
-@pytest.mark.parametrize("args", [["--help"], ["config"], ["config", "--keys"], ["download", "--help"],
-                                  ["train", "--help"], ["sample", "--help"]])
+@pytest.mark.parametrize(
+    "args",
+    [["--help"], ["config"], ["config", "--keys"], ["download", "--help"], ["train", "--help"], ["sample", "--help"]],
+)
 def test_fast_commands_do_not_import_torch(args):
-    code = ("import sys\nfrom charlm.cli import main\ntry:\n    main(sys.argv[1:])\nexcept SystemExit as e:\n"
-            "    assert not e.code, e.code\nassert 'torch' not in sys.modules, 'torch was imported'\n")
-    result = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=60,
-                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    code = (
+        "import sys\nfrom charlm.cli import main\ntry:\n    main(sys.argv[1:])\nexcept SystemExit as e:\n"
+        "    assert not e.code, e.code\nassert 'torch' not in sys.modules, 'torch was imported'\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code, *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     assert result.returncode == 0, result.stderr
 
 
 def test_download_does_not_import_torch(corpus, tmp_path):
-    code = ("import sys\nfrom charlm.cli import main\ntry:\n    main(sys.argv[1:])\nexcept SystemExit as e:\n"
-            "    assert not e.code, e.code\nassert 'torch' not in sys.modules, 'torch was imported'\n")
+    code = (
+        "import sys\nfrom charlm.cli import main\ntry:\n    main(sys.argv[1:])\nexcept SystemExit as e:\n"
+        "    assert not e.code, e.code\nassert 'torch' not in sys.modules, 'torch was imported'\n"
+    )
     args = ["download", "--url", corpus.as_uri(), "--dest", str(tmp_path / "t.txt"), "--no-verify"]
-    result = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=60,
-                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    result = subprocess.run(
+        [sys.executable, "-c", code, *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     assert result.returncode == 0, result.stderr
 
 
@@ -124,9 +188,13 @@ def test_help_shows_the_choices_of_fixed_value_options():
 
 def test_device_completes_in_the_shell():
     env = {"_CHARLM_COMPLETE": "complete_bash", "COMP_WORDS": "charlm sample --device c", "COMP_CWORD": "3"}
-    result = subprocess.run(["charlm"] if shutil.which("charlm") else [sys.executable, "-m", "charlm"],
-                            capture_output=True, text=True, timeout=60, env={**os.environ, **env,
-                                                                             "PYTHONPATH": str(REPO)})
+    result = subprocess.run(
+        ["charlm"] if shutil.which("charlm") else [sys.executable, "-m", "charlm"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, **env, "PYTHONPATH": str(REPO)},
+    )
     assert set(result.stdout.split()) >= {"cpu", "cuda"}, (result.stdout, result.stderr)
 
 
@@ -139,7 +207,8 @@ def test_eval_names_the_split_and_file_and_scores_all_of_another_file(tmp_path, 
     whole = json.loads(run_cli("eval", "run", "--data", other, "--json", cwd=tmp_path, check=True).stdout)
     assert whole["split"] == "all" and whole["file"] == str(other)
     assert whole["chars"] == len(other.read_text()) - 1
-    tail = json.loads(run_cli("eval", "run", "--data", other, "--split", "val", "--json", cwd=tmp_path,
-                              check=True).stdout)
+    tail = json.loads(
+        run_cli("eval", "run", "--data", other, "--split", "val", "--json", cwd=tmp_path, check=True).stdout
+    )
     assert tail["split"] == "val" and tail["chars"] < whole["chars"]
     assert run_cli("eval", "run", "--data", other, cwd=tmp_path, check=True).stdout.startswith(f"all of {other}:")

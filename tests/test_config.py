@@ -28,7 +28,13 @@ def test_gpu_config_is_the_baby_gpt_shape():
 
 def test_notebook_config_is_the_notebook_recipe():
     c = load_config("notebook")
-    assert (c.train.batch_size, c.model.block_size, c.model.n_embd, c.model.n_head, c.model.n_layer) == (16, 32, 64, 4, 4)
+    assert (c.train.batch_size, c.model.block_size, c.model.n_embd, c.model.n_head, c.model.n_layer) == (
+        16,
+        32,
+        64,
+        4,
+        4,
+    )
     assert (c.train.plateau_factor, c.train.plateau_patience, c.train.eval_interval) == (0.5, 5, 200)
     assert (c.train.early_stop_patience, c.train.max_steps, c.train.lr, c.model.dropout) == (10, 30000, 1e-3, 0.0)
 

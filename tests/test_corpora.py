@@ -42,7 +42,10 @@ def test_a_prepared_corpus_reads_back_as_the_text_and_is_reused(text_file):
     assert first.ids.dtype == torch.uint8 and len(first.ids) == len(text)
     assert first.tokenizer.decode(first.ids.tolist()) == text
     meta = json.loads(json_path.read_text())
-    assert meta["source"]["files"][0]["size"] == text_file.stat().st_size and len(meta["source"]["files"][0]["sha256"]) == 64
+    assert (
+        meta["source"]["files"][0]["size"] == text_file.stat().st_size
+        and len(meta["source"]["files"][0]["sha256"]) == 64
+    )
     stamp = bin_path.stat().st_mtime_ns
     said: list[str] = []
     again = prepare(text_file, "char", said.append)
@@ -147,11 +150,17 @@ def test_a_damaged_prepared_file_is_rebuilt_never_trusted(text_file, damage):
 def test_two_processes_preparing_the_same_corpus_at_once_both_get_it_whole(tmp_path, corpus):
     big = tmp_path / "big.txt"
     big.write_bytes(corpus.read_bytes() * 20)  # 2.4 MB: long enough for the two to overlap
-    code = ("import sys; from charlm.prepare import prepare; p = prepare(sys.argv[1], 'char'); "
-            "print(len(p.ids), int(p.ids.long().sum()))")
+    code = (
+        "import sys; from charlm.prepare import prepare; p = prepare(sys.argv[1], 'char'); "
+        "print(len(p.ids), int(p.ids.long().sum()))"
+    )
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    procs = [subprocess.Popen([sys.executable, "-c", code, str(big)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True, env=env) for _ in range(2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code, str(big)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+        )
+        for _ in range(2)
+    ]
     outputs = [p.communicate(timeout=120) for p in procs]
     assert all(p.returncode == 0 for p in procs), outputs
     assert outputs[0][0] == outputs[1][0]
@@ -169,10 +178,28 @@ def test_a_full_disk_while_preparing_leaves_nothing_half_written(tmp_path, corpu
     """The process is the subject (its file-size limit stands in for a full disk), so it runs as a subprocess."""
     data = tmp_path / "t.txt"
     data.write_bytes(corpus.read_bytes())  # 120 KB of ids: more than the 50 KB the process may write
-    result = subprocess.run([sys.executable, "-m", "charlm", "train", "--config", "tiny", "--data", str(data),
-                             "--out-dir", str(tmp_path / "run"), "--max-steps", "2"],
-                            capture_output=True, text=True, timeout=120, preexec_fn=_limit_file_size,
-                            env={**os.environ, "PYTHONPATH": str(REPO)}, stdin=subprocess.DEVNULL)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "charlm",
+            "train",
+            "--config",
+            "tiny",
+            "--data",
+            str(data),
+            "--out-dir",
+            str(tmp_path / "run"),
+            "--max-steps",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        preexec_fn=_limit_file_size,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdin=subprocess.DEVNULL,
+    )
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert result.returncode == 1 and len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
     assert "cannot prepare" in lines[0] and "nothing half-written is kept" in lines[0]

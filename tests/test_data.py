@@ -9,7 +9,7 @@ def test_split_is_first_90_percent_train_last_10_val(corpus):
     c = Corpus.from_file(corpus, 0.1)
     text = corpus.read_text(encoding="utf-8")
     assert len(c.train) == int(len(text) * 0.9) and len(c.train) + len(c.val) == len(text)
-    assert c.tokenizer.decode(c.val[:50].tolist()) == text[int(len(text) * 0.9):][:50]
+    assert c.tokenizer.decode(c.val[:50].tolist()) == text[int(len(text) * 0.9) :][:50]
     assert c.train.dtype == torch.uint8 and c.tokenizer.vocab_size == len(set(text)) == 61
 
 

@@ -22,29 +22,70 @@ from charlm.model import GPT
 from charlm.trainer import make_optimizer, seed_for_rank
 
 pytestmark = pytest.mark.slow
-TINY = ["--config", "tiny", "--set", "model.n_layer=1", "--set", "model.n_embd=32", "--set", "model.block_size=16",
-        "--set", "train.eval_windows=16"]
+TINY = [
+    "--config",
+    "tiny",
+    "--set",
+    "model.n_layer=1",
+    "--set",
+    "model.n_embd=32",
+    "--set",
+    "model.block_size=16",
+    "--set",
+    "train.eval_windows=16",
+]
 
 
 def torchrun_args(*args: str, nproc: int = 2) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-            "-m", "charlm", *map(str, args)]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={nproc}",
+        "-m",
+        "charlm",
+        *map(str, args),
+    ]
 
 
 def torchrun(*args: str, nproc: int = 2, timeout: float = 300) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    return subprocess.run(torchrun_args(*args, nproc=nproc), env=env, capture_output=True, text=True,
-                          timeout=timeout, stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        torchrun_args(*args, nproc=nproc),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def test_two_ranks_train_resume_and_leave_one_set_of_files(tmp_path, corpus):
     run = tmp_path / "run"
-    first = torchrun("train", *TINY, "--data", corpus, "--out-dir", run, "--max-steps", "20",
-                     "--set", "train.eval_interval=10", "--json")
+    first = torchrun(
+        "train",
+        *TINY,
+        "--data",
+        corpus,
+        "--out-dir",
+        run,
+        "--max-steps",
+        "20",
+        "--set",
+        "train.eval_interval=10",
+        "--json",
+    )
     assert first.returncode == 0, first.stderr
     summary = json.loads(first.stdout.strip().splitlines()[-1])
     assert summary["world_size"] == 2 and summary["global_batch"] == 2 * 16
-    assert sorted(p.name for p in run.iterdir()) == ["best.pt", "config.yaml", "last.pt", "metrics.jsonl", "summary.json"]
+    assert sorted(p.name for p in run.iterdir()) == [
+        "best.pt",
+        "config.yaml",
+        "last.pt",
+        "metrics.jsonl",
+        "summary.json",
+    ]
     assert [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()] == [10, 20]
     assert first.stdout.count('"best_val_loss"') == 1  # rank 0 alone prints the summary
 
@@ -72,8 +113,16 @@ def test_a_single_process_checkpoint_resumes_under_torchrun(tmp_path, corpus):
 @pytest.mark.parametrize("optimizer", ["adamw", "muon"])
 def test_two_ranks_of_batch_b_equal_one_process_of_batch_2b_after_one_step(tmp_path, corpus, optimizer):
     batch = 4
-    sets = ["--set", f"train.batch_size={batch}", "--set", "train.warmup_steps=0", "--set", "train.lr=1e-2",
-            "--set", f"train.optimizer={optimizer}"]
+    sets = [
+        "--set",
+        f"train.batch_size={batch}",
+        "--set",
+        "train.warmup_steps=0",
+        "--set",
+        "train.lr=1e-2",
+        "--set",
+        f"train.optimizer={optimizer}",
+    ]
     result = torchrun("train", *TINY, *sets, "--data", corpus, "--out-dir", tmp_path / "ddp", "--max-steps", "1")
     assert result.returncode == 0, result.stderr
     ddp_weights = load_checkpoint(tmp_path / "ddp" / "last.pt").state["model"]
@@ -83,8 +132,16 @@ def test_two_ranks_of_batch_b_equal_one_process_of_batch_2b_after_one_step(tmp_p
     corpus_ids = Corpus.from_file(corpus, config.data.val_fraction)
     seed_everything(config.train.seed)
     model = GPT(config.model, corpus_ids.tokenizer.vocab_size)
-    windows = [RandomWindows(corpus_ids.train, config.model.block_size, batch, torch.device("cpu"),
-                            seed=seed_for_rank(config.train.seed, rank)).next_batch() for rank in (0, 1)]
+    windows = [
+        RandomWindows(
+            corpus_ids.train,
+            config.model.block_size,
+            batch,
+            torch.device("cpu"),
+            seed=seed_for_rank(config.train.seed, rank),
+        ).next_batch()
+        for rank in (0, 1)
+    ]
     x, y = torch.cat([w[0] for w in windows]), torch.cat([w[1] for w in windows])
     tc = config.train
     optimizer = make_optimizer(model, tc, torch.device("cpu"))
@@ -123,9 +180,25 @@ def _worker_pids(parent: int) -> dict[int, int]:
 def test_one_failing_rank_brings_the_job_down_quickly(tmp_path, corpus, sig):
     run = tmp_path / "run"
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    job = subprocess.Popen(torchrun_args("train", *TINY, "--data", corpus, "--out-dir", run, "--max-steps", "1000000",
-                                         "--set", "train.eval_interval=5", "--quiet"),
-                           env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    job = subprocess.Popen(
+        torchrun_args(
+            "train",
+            *TINY,
+            "--data",
+            corpus,
+            "--out-dir",
+            run,
+            "--max-steps",
+            "1000000",
+            "--set",
+            "train.eval_interval=5",
+            "--quiet",
+        ),
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 120
         while not (run / "metrics.jsonl").exists():

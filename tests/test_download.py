@@ -45,8 +45,9 @@ def test_http_download_and_the_env_mirror(server, tmp_path):
 
 def test_url_option_wins_over_the_env_mirror(server, tmp_path):
     dest = tmp_path / "x.txt"
-    result = run_cli("download", "--url", server.url("good"), "--dest", dest, *VERIFY,
-                     env={"CHARLM_DATA_URL": server.url("wrong")})
+    result = run_cli(
+        "download", "--url", server.url("good"), "--dest", dest, *VERIFY, env={"CHARLM_DATA_URL": server.url("wrong")}
+    )
     assert result.returncode == 0 and sha256(dest) == EXCERPT_SHA256
 
 

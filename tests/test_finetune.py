@@ -12,8 +12,13 @@ from charlm.checkpoint import load_checkpoint
 from charlm.errors import UsageError
 from tests.conftest import SMALL, assert_one_line_error, run_cli
 
-TINY = {"model.n_layer": 1, "model.n_embd": 32, "model.block_size": 16, "train.eval_interval": 10,
-        "train.eval_windows": 16}
+TINY = {
+    "model.n_layer": 1,
+    "model.n_embd": 32,
+    "model.block_size": 16,
+    "train.eval_interval": 10,
+    "train.eval_windows": 16,
+}
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +29,7 @@ def halves(tmp_path_factory, corpus):
     first, second = folder / "first.txt", folder / "second.txt"
     every_other_character = "".join(sorted(set(text) - {"z"}))
     first.write_text(text[: len(text) // 2].replace("z", "s") + every_other_character, encoding="utf-8")
-    second.write_text(text[len(text) // 2:], encoding="utf-8")
+    second.write_text(text[len(text) // 2 :], encoding="utf-8")
     return first, second
 
 
@@ -40,8 +45,14 @@ def test_a_fine_tuned_run_starts_from_the_source_weights_with_a_fresh_optimizer(
     second.write_text(halves[1].read_text(encoding="utf-8").replace("z", "s"), encoding="utf-8")
     source = load_checkpoint(source_run / "best.pt")
     before = charlm.load(source_run, "cpu").evaluate(second, split="val").loss
-    summary = charlm.train("tiny", overrides={**TINY, "model.n_layer": 3, "train.max_steps": 20}, data=second,
-                           out_dir=tmp_path / "tuned", quiet=True, init_from=source_run)
+    summary = charlm.train(
+        "tiny",
+        overrides={**TINY, "model.n_layer": 3, "train.max_steps": 20},
+        data=second,
+        out_dir=tmp_path / "tuned",
+        quiet=True,
+        init_from=source_run,
+    )
     tuned = load_checkpoint(tmp_path / "tuned" / "last.pt")
     assert tuned.config.model == source.config.model  # the shape is the source's, whatever --config says
     assert tuned.tokenizer.chars == source.tokenizer.chars and tuned.step == 20 and summary["steps"] == 20
@@ -61,19 +72,31 @@ def test_the_model_starts_exactly_where_the_source_ended(tmp_path, halves, sourc
 def test_characters_the_model_never_saw_are_refused_by_name_with_counts(tmp_path, halves, source_run):
     count = halves[1].read_text(encoding="utf-8").count("z")
     with pytest.raises(UsageError, match=rf"'z' \(U\+007A\) x {count}.*--extend-vocab"):
-        charlm.train("tiny", overrides={**TINY, "train.max_steps": 2}, data=halves[1], out_dir=tmp_path / "r",
-                     quiet=True, init_from=source_run)
+        charlm.train(
+            "tiny",
+            overrides={**TINY, "train.max_steps": 2},
+            data=halves[1],
+            out_dir=tmp_path / "r",
+            quiet=True,
+            init_from=source_run,
+        )
     assert not (tmp_path / "r").exists()
 
 
 def test_extend_vocab_adds_fresh_rows_and_keeps_the_old_ones(tmp_path, halves, source_run):
     source = load_checkpoint(source_run / "best.pt")
-    charlm.train("tiny", overrides={**TINY, "train.max_steps": 2, "train.lr": 1e-9, "train.embed_lr": 1e-9,
-                                    "train.head_lr": 1e-9}, data=halves[1], out_dir=tmp_path / "x", quiet=True,
-                 init_from=source_run, extend_vocab=True)
+    charlm.train(
+        "tiny",
+        overrides={**TINY, "train.max_steps": 2, "train.lr": 1e-9, "train.embed_lr": 1e-9, "train.head_lr": 1e-9},
+        data=halves[1],
+        out_dir=tmp_path / "x",
+        quiet=True,
+        init_from=source_run,
+        extend_vocab=True,
+    )
     tuned = load_checkpoint(tmp_path / "x" / "last.pt")
     old = source.tokenizer.chars
-    assert tuned.tokenizer.chars[: len(old)] == old and tuned.tokenizer.chars[len(old):] == ["z"]
+    assert tuned.tokenizer.chars[: len(old)] == old and tuned.tokenizer.chars[len(old) :] == ["z"]
     old_emb = source.state["model"]["tok_emb.weight"]
     new_emb = tuned.state["model"]["tok_emb.weight"]
     assert new_emb.shape[0] == old_emb.shape[0] + 1
@@ -84,20 +107,34 @@ def test_extend_vocab_adds_fresh_rows_and_keeps_the_old_ones(tmp_path, halves, s
 def test_init_from_on_the_command_line_and_its_mistakes(tmp_path, halves, source_run, corpus):
     second = tmp_path / "s.txt"
     second.write_text(halves[1].read_text(encoding="utf-8").replace("z", "s"), encoding="utf-8")
-    ok = run_cli("train", *SMALL, "--data", second, "--out-dir", tmp_path / "ok", "--max-steps", "3",
-                 "--init-from", source_run)
+    ok = run_cli(
+        "train", *SMALL, "--data", second, "--out-dir", tmp_path / "ok", "--max-steps", "3", "--init-from", source_run
+    )
     assert ok.returncode == 0, ok.stderr
     assert "starting from the weights of" in ok.stderr
-    assert_one_line_error(run_cli("train", *SMALL, "--data", halves[1], "--out-dir", tmp_path / "a",
-                                  "--init-from", source_run), 2, "'z'", "--extend-vocab")
-    assert_one_line_error(run_cli("train", *SMALL, "--extend-vocab", "--out-dir", tmp_path / "b"), 2,
-                          "--extend-vocab", "--init-from")
-    assert_one_line_error(run_cli("train", *SMALL, "--resume", "--out-dir", source_run, "--init-from", source_run),
-                          2, "--resume", "--init-from")
+    assert_one_line_error(
+        run_cli("train", *SMALL, "--data", halves[1], "--out-dir", tmp_path / "a", "--init-from", source_run),
+        2,
+        "'z'",
+        "--extend-vocab",
+    )
+    assert_one_line_error(
+        run_cli("train", *SMALL, "--extend-vocab", "--out-dir", tmp_path / "b"), 2, "--extend-vocab", "--init-from"
+    )
+    assert_one_line_error(
+        run_cli("train", *SMALL, "--resume", "--out-dir", source_run, "--init-from", source_run),
+        2,
+        "--resume",
+        "--init-from",
+    )
     damaged = tmp_path / "damaged.pt"
     damaged.write_bytes((source_run / "best.pt").read_bytes()[:5000])
-    assert_one_line_error(run_cli("train", *SMALL, "--data", corpus, "--out-dir", tmp_path / "c", "--init-from",
-                                  damaged), 2, "cannot load checkpoint", "damaged")
+    assert_one_line_error(
+        run_cli("train", *SMALL, "--data", corpus, "--out-dir", tmp_path / "c", "--init-from", damaged),
+        2,
+        "cannot load checkpoint",
+        "damaged",
+    )
     assert not (tmp_path / "c").exists()
 
 
@@ -114,6 +151,9 @@ def test_init_from_a_pickle_that_would_run_code_is_refused(tmp_path, source_run,
     state = torch.load(source_run / "best.pt", weights_only=True)
     state["payload"] = RunsCode(marker)
     torch.save(state, tmp_path / "evil.pt")
-    assert_one_line_error(run_cli("train", *SMALL, "--data", corpus, "--out-dir", tmp_path / "r", "--init-from",
-                                  tmp_path / "evil.pt"), 2, "could run code")
+    assert_one_line_error(
+        run_cli("train", *SMALL, "--data", corpus, "--out-dir", tmp_path / "r", "--init-from", tmp_path / "evil.pt"),
+        2,
+        "could run code",
+    )
     assert not marker.exists() and not (tmp_path / "r").exists()

@@ -55,14 +55,18 @@ def test_stop_strings_end_each_sample_on_its_own():
     result = sample(m, tok, tok.encode("the "), options)
     for text in result.samples:
         generated = text[4:]
-        assert (generated.endswith("e") and generated.count("e") == 1) or ("e" not in generated and len(generated) == 200)
+        assert (generated.endswith("e") and generated.count("e") == 1) or (
+            "e" not in generated and len(generated) == 200
+        )
     assert result.generated_chars == sum(len(t) - 4 for t in result.samples)
 
 
 def test_same_seed_same_text_different_seed_different_text():
     m, tok = model(), _tok()
-    texts = [sample(m, tok, tok.encode("a"), SampleOptions(max_new_tokens=50, temperature=1.0, seed=s)).samples[0]
-             for s in (1, 1, 2)]
+    texts = [
+        sample(m, tok, tok.encode("a"), SampleOptions(max_new_tokens=50, temperature=1.0, seed=s)).samples[0]
+        for s in (1, 1, 2)
+    ]
     assert texts[0] == texts[1] != texts[2]
 
 

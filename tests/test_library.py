@@ -12,8 +12,14 @@ from charlm.config import TrainConfig, load_config
 from charlm.run import run_training
 from charlm.schedule import LRSchedule
 
-TINY = ["model.n_layer=1", "model.n_embd=32", "model.block_size=16", "train.eval_interval=10",
-        "train.eval_windows=16", "train.max_steps=20"]
+TINY = [
+    "model.n_layer=1",
+    "model.n_embd=32",
+    "model.block_size=16",
+    "train.eval_interval=10",
+    "train.eval_windows=16",
+    "train.max_steps=20",
+]
 
 
 def test_training_from_python_leaves_the_signal_handlers_as_it_found_them(tmp_path, corpus):
@@ -44,8 +50,9 @@ def test_only_the_command_lines_signal_module_may_exit_the_process():
         if path.name in ("signals.py", "cli.py", "cli_support.py", "__main__.py"):
             continue
         assert not re.search(r"\bos\._exit\(|\bsys\.exit\(", text), path.name
-        assert not re.search(r"^\s*(from charlm\.signals|from charlm import signals|import charlm\.signals)", text,
-                             re.M), path.name
+        assert not re.search(
+            r"^\s*(from charlm\.signals|from charlm import signals|import charlm\.signals)", text, re.M
+        ), path.name
 
 
 def test_a_keyboard_interrupt_in_python_saves_last_pt_and_propagates(tmp_path, corpus, monkeypatch):
@@ -121,8 +128,18 @@ def test_the_package_says_its_version():
 
 # -- the plateau rule and early stopping in real runs (a tiny lr keeps the validation loss flat) ------------------
 
-FLAT = ["--set", "train.lr=1e-12", "--set", "train.min_lr=0", "--set", "train.warmup_steps=0",
-        "--set", "train.eval_interval=5", "--set", "train.lr_schedule=plateau"]
+FLAT = [
+    "--set",
+    "train.lr=1e-12",
+    "--set",
+    "train.min_lr=0",
+    "--set",
+    "train.warmup_steps=0",
+    "--set",
+    "train.eval_interval=5",
+    "--set",
+    "train.lr_schedule=plateau",
+]
 
 
 def _cli_train(run, corpus, *extra):
@@ -141,8 +158,7 @@ def test_plateau_halves_the_lr_after_patience_stalled_checks_and_survives_resume
     # lr 1e-7: steps too small for the 1e-4 relative improvement the rule asks for, large enough to be lowered
     common = ("--set", "train.plateau_patience=1", "--set", "train.plateau_factor=0.5", "--set", "train.lr=1e-7")
     _cli_train(tmp_path / "straight", corpus, *common, "--max-steps", "30")
-    assert _lrs(tmp_path / "straight") == [(5, 1e-7), (10, 1e-7), (15, 5e-8), (20, 5e-8), (25, 2.5e-8),
-                                           (30, 2.5e-8)]
+    assert _lrs(tmp_path / "straight") == [(5, 1e-7), (10, 1e-7), (15, 5e-8), (20, 5e-8), (25, 2.5e-8), (30, 2.5e-8)]
     _cli_train(tmp_path / "split", corpus, *common, "--max-steps", "10")
     _cli_train(tmp_path / "split", corpus, *common, "--max-steps", "30", "--resume")
     assert _lrs(tmp_path / "split") == _lrs(tmp_path / "straight")
@@ -151,10 +167,12 @@ def test_plateau_halves_the_lr_after_patience_stalled_checks_and_survives_resume
 def test_early_stopping_ends_the_run_says_so_and_survives_resume(tmp_path, corpus):
     import json
 
-    straight = _cli_train(tmp_path / "straight", corpus, "--set", "train.early_stop_patience=2",
-                          "--max-steps", "100", "--json")
+    straight = _cli_train(
+        tmp_path / "straight", corpus, "--set", "train.early_stop_patience=2", "--max-steps", "100", "--json"
+    )
     assert json.loads(straight.stdout)["stop_reason"] == "early_stop" and json.loads(straight.stdout)["steps"] == 15
     _cli_train(tmp_path / "split", corpus, "--set", "train.early_stop_patience=2", "--max-steps", "10")
-    resumed = _cli_train(tmp_path / "split", corpus, "--set", "train.early_stop_patience=2", "--max-steps", "100",
-                         "--resume")
+    resumed = _cli_train(
+        tmp_path / "split", corpus, "--set", "train.early_stop_patience=2", "--max-steps", "100", "--resume"
+    )
     assert resumed.stdout.startswith("done (early_stop): 15 steps")

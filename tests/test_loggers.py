@@ -10,8 +10,20 @@ STEPS = ["--max-steps", "40", "--set", "train.log_interval=5"]  # SMALL evaluate
 
 
 def _train(run, corpus, loggers, *extra, env=None):
-    return run_cli("train", *SMALL, "--data", corpus, "--out-dir", run, *STEPS, "--set", f"train.loggers={loggers}",
-                   *extra, env=env, check=True)
+    return run_cli(
+        "train",
+        *SMALL,
+        "--data",
+        corpus,
+        "--out-dir",
+        run,
+        *STEPS,
+        "--set",
+        f"train.loggers={loggers}",
+        *extra,
+        env=env,
+        check=True,
+    )
 
 
 def test_jsonl_writes_steps_evaluations_and_the_summary(tmp_path, corpus):
@@ -51,15 +63,32 @@ def test_tensorboard_event_files_parse_with_tensorboards_reader(tmp_path, corpus
 
 def test_the_older_tensorboard_switch_still_works(tmp_path, corpus):
     pytest.importorskip("tensorboard", reason="the tensorboard extra is not installed")
-    run_cli("train", *SMALL, "--data", corpus, "--out-dir", tmp_path / "r", "--max-steps", "20",
-            "--set", "train.tensorboard=true", check=True)
+    run_cli(
+        "train",
+        *SMALL,
+        "--data",
+        corpus,
+        "--out-dir",
+        tmp_path / "r",
+        "--max-steps",
+        "20",
+        "--set",
+        "train.tensorboard=true",
+        check=True,
+    )
     assert any((tmp_path / "r" / "tensorboard").iterdir())
 
 
 def test_wandb_in_offline_mode(tmp_path, corpus):
-    pytest.importorskip("wandb", reason="the wandb extra is not installed (pip install -e \".[wandb]\")")
-    _train(tmp_path / "r", corpus, "[jsonl,wandb]", "--set", "train.wandb_project=charlm-tests",
-           env={"WANDB_MODE": "offline", "WANDB_SILENT": "true"})
+    pytest.importorskip("wandb", reason='the wandb extra is not installed (pip install -e ".[wandb]")')
+    _train(
+        tmp_path / "r",
+        corpus,
+        "[jsonl,wandb]",
+        "--set",
+        "train.wandb_project=charlm-tests",
+        env={"WANDB_MODE": "offline", "WANDB_SILENT": "true"},
+    )
     runs = list((tmp_path / "r" / "wandb").glob("offline-run-*"))
     assert len(runs) == 1 and list(runs[0].glob("*.wandb"))
 
@@ -69,13 +98,22 @@ def test_a_missing_logger_package_is_one_line_before_training(tmp_path, corpus):
         try:
             __import__(name)
         except ImportError:
-            result = run_cli("train", *SMALL, "--data", corpus, "--out-dir", tmp_path / name,
-                             "--set", f"train.loggers=[jsonl,{name}]")
+            result = run_cli(
+                "train",
+                *SMALL,
+                "--data",
+                corpus,
+                "--out-dir",
+                tmp_path / name,
+                "--set",
+                f"train.loggers=[jsonl,{name}]",
+            )
             assert_one_line_error(result, 2, f'pip install -e ".[{name}]"')
             assert not (tmp_path / name).exists()
 
 
 def test_an_unknown_logger_names_the_key(tmp_path, corpus):
-    result = run_cli("train", *SMALL, "--data", corpus, "--out-dir", tmp_path / "r", "--set",
-                     "train.loggers=[jsonl,mlflow]")
+    result = run_cli(
+        "train", *SMALL, "--data", corpus, "--out-dir", tmp_path / "r", "--set", "train.loggers=[jsonl,mlflow]"
+    )
     assert_one_line_error(result, 2, "train.loggers", "mlflow")

@@ -69,5 +69,8 @@ def test_each_option_trains_and_info_names_it():
         info = model_info(config, 10)
         assert info.total_params == sum(p.numel() for p in model.parameters())
         if "activation" not in keys:
-            assert any(r.formula == "no parameters" and r.component != "positional encoding" for r in info.rows
-                       if "QK-norm" in r.component or "zero-init" in r.component or "soft-cap" in r.component), keys
+            assert any(
+                r.formula == "no parameters" and r.component != "positional encoding"
+                for r in info.rows
+                if "QK-norm" in r.component or "zero-init" in r.component or "soft-cap" in r.component
+            ), keys

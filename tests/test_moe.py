@@ -55,19 +55,41 @@ def test_info_counts_total_and_active_parameters():
 
 
 def test_a_mixture_trains_resumes_evaluates_samples_and_reports_its_size(tmp_path, corpus):
-    args = ["train", *SMALL, "--data", corpus, "--out-dir", tmp_path / "r", "--set", "model.n_experts=4",
-            "--set", "model.expert_top_k=2", "--json"]
+    args = [
+        "train",
+        *SMALL,
+        "--data",
+        corpus,
+        "--out-dir",
+        tmp_path / "r",
+        "--set",
+        "model.n_experts=4",
+        "--set",
+        "model.expert_top_k=2",
+        "--json",
+    ]
     first = json.loads(run_cli(*args, "--max-steps", "30", check=True).stdout)
     resumed = json.loads(run_cli(*args, "--max-steps", "60", "--resume", check=True).stdout)
     assert resumed["steps"] == 60 and resumed["full_val_loss"] < first["full_val_loss"] < 4.2
     assert json.loads(run_cli("eval", tmp_path / "r", "--json", check=True).stdout)["loss"] > 0
-    assert run_cli("sample", tmp_path / "r", "--prompt", "JULIET:", "--max-new-tokens", "20", check=True
-                   ).stdout.startswith("JULIET:")
+    assert run_cli(
+        "sample", tmp_path / "r", "--prompt", "JULIET:", "--max-new-tokens", "20", check=True
+    ).stdout.startswith("JULIET:")
     info = json.loads(run_cli("info", tmp_path / "r", "--json", check=True).stdout)
     assert info["active_params"] < info["total_params"]
 
 
 def test_top_k_above_the_expert_count_is_refused(tmp_path, corpus):
-    result = run_cli("train", *SMALL, "--data", corpus, "--out-dir", tmp_path / "r", "--set", "model.n_experts=2",
-                     "--set", "model.expert_top_k=3")
+    result = run_cli(
+        "train",
+        *SMALL,
+        "--data",
+        corpus,
+        "--out-dir",
+        tmp_path / "r",
+        "--set",
+        "model.n_experts=2",
+        "--set",
+        "model.expert_top_k=3",
+    )
     assert_one_line_error(result, 2, "model.expert_top_k")

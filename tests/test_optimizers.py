@@ -14,13 +14,33 @@ from charlm.optim import make_optimizer
 MUON = ["--set", "train.optimizer=muon"]
 
 
+def test_muon_chooses_its_parameters_by_role_not_by_name():
+    from torch import nn
+
+    from charlm.layers import MixtureOfExperts
+    from charlm.optim import hidden_matrices
+
+    config = load_config("tiny", ["train.optimizer=muon", "model.n_experts=2", "model.expert_top_k=1"])
+    model = GPT(config.model, 10)
+    routers = [m.router.weight for m in model.modules() if isinstance(m, MixtureOfExperts)]
+    expected = [m.weight for b in model.blocks for m in b.modules() if isinstance(m, nn.Linear)]
+    chosen = hidden_matrices(model)
+    assert {id(p) for p in chosen} == {id(p) for p in expected} - {id(p) for p in routers}
+    assert routers and not {id(p) for p in routers} & {id(p) for p in chosen}  # the router is a classifier: AdamW
+    assert id(model.tok_emb.weight) not in {id(p) for p in chosen}
+    wrapped = nn.Sequential()  # a wrapper renames every parameter ("module.blocks..."): the choice stays the same
+    wrapped.module = model
+    assert [id(p) for p in hidden_matrices(wrapped)] == [id(p) for p in chosen]
+
+
 def _metrics(run):
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 
 
 def test_muon_takes_the_block_matrices_and_adamw_the_rest():
-    config = load_config("tiny", ["train.optimizer=muon", "model.tie_weights=false", "train.embed_lr=0.01",
-                                  "train.head_lr=0.002"])
+    config = load_config(
+        "tiny", ["train.optimizer=muon", "model.tie_weights=false", "train.embed_lr=0.01", "train.head_lr=0.002"]
+    )
     model = GPT(config.model, 10)
     opt = make_optimizer(model, config.train, torch.device("cpu"))
     muon, adamw = opt.optimizers
@@ -35,8 +55,9 @@ def test_muon_takes_the_block_matrices_and_adamw_the_rest():
 
 
 def test_a_tiny_model_trains_with_muon(tmp_path, corpus):
-    result = run_cli("train", *SMALL, *MUON, "--data", corpus, "--out-dir", tmp_path / "r", "--max-steps", "60",
-                     "--json", check=True)
+    result = run_cli(
+        "train", *SMALL, *MUON, "--data", corpus, "--out-dir", tmp_path / "r", "--max-steps", "60", "--json", check=True
+    )
     losses = [m["val_loss"] for m in _metrics(tmp_path / "r")]
     assert losses[-1] < losses[0] - 0.3 and json.loads(result.stdout)["full_val_loss"] < 3.0
 
@@ -56,8 +77,12 @@ def test_muon_resume_is_exact(tmp_path, corpus):
 def test_an_adamw_state_from_before_train_optimizer_still_loads():
     config = load_config("tiny")
     model = GPT(config.model, 10)
-    old = torch.optim.AdamW([{"params": [p for p in model.parameters() if p.dim() >= 2], "weight_decay": 0.1},
-                             {"params": [p for p in model.parameters() if p.dim() < 2], "weight_decay": 0.0}])
+    old = torch.optim.AdamW(
+        [
+            {"params": [p for p in model.parameters() if p.dim() >= 2], "weight_decay": 0.1},
+            {"params": [p for p in model.parameters() if p.dim() < 2], "weight_decay": 0.0},
+        ]
+    )
     model(torch.zeros(1, 4, dtype=torch.long), torch.zeros(1, 4, dtype=torch.long))[1].backward()
     old.step()
     new = make_optimizer(model, config.train, torch.device("cpu"))

@@ -40,8 +40,7 @@ def test_load_generate_matches_the_command_line(tiny_checkpoint):
 
     model = charlm.load(tiny_checkpoint)
     text = model.generate("JULIET:", max_new_tokens=60, seed=1)
-    cli = run_cli("sample", tiny_checkpoint, "--prompt", "JULIET:", "--max-new-tokens", "60", "--seed", "1",
-                  check=True)
+    cli = run_cli("sample", tiny_checkpoint, "--prompt", "JULIET:", "--max-new-tokens", "60", "--seed", "1", check=True)
     assert text.startswith("JULIET:") and cli.stdout == text + "\n"
 
 
@@ -89,8 +88,7 @@ def test_an_export_holds_weights_config_vocabulary_and_a_card(exported, tiny_che
     import safetensors.torch
     import torch
 
-    assert sorted(p.name for p in exported.iterdir()) == ["README.md", "config.json", "model.safetensors",
-                                                          "vocab.json"]
+    assert sorted(p.name for p in exported.iterdir()) == ["README.md", "config.json", "model.safetensors", "vocab.json"]
     weights = safetensors.torch.load_file(str(exported / "model.safetensors"))
     saved = torch.load(tiny_checkpoint, weights_only=True)["model"]
     assert weights.keys() == saved.keys() and all(torch.equal(weights[k], saved[k]) for k in saved)
@@ -107,11 +105,15 @@ def test_an_export_gives_bit_identical_logits_and_the_same_samples(exported, tin
     ids = torch.tensor([a.tokenizer.encode("JULIET: O Romeo!")])  # 16 characters: the context
     assert torch.equal(a.module(ids)[0], b.module(ids)[0])
     args = ("--prompt", "JULIET:", "--seed", "1", "--max-new-tokens", "80")
-    assert run_cli("sample", exported, *args, check=True).stdout == run_cli("sample", tiny_checkpoint, *args,
-                                                                              check=True).stdout
+    assert (
+        run_cli("sample", exported, *args, check=True).stdout
+        == run_cli("sample", tiny_checkpoint, *args, check=True).stdout
+    )
     for command in ("eval", "info"):
-        assert run_cli(command, exported, "--json", check=True).stdout == run_cli(command, tiny_checkpoint, "--json",
-                                                                                  check=True).stdout
+        assert (
+            run_cli(command, exported, "--json", check=True).stdout
+            == run_cli(command, tiny_checkpoint, "--json", check=True).stdout
+        )
 
 
 def test_a_tampered_export_config_is_one_line(exported, tmp_path):

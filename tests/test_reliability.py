@@ -31,8 +31,15 @@ def _metrics(run_dir: Path) -> list[dict]:
 
 def _popen(*args, cwd=None, env: dict | None = None) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
-    return subprocess.Popen([sys.executable, "-m", "charlm", *map(str, args)], cwd=cwd, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    return subprocess.Popen(
+        [sys.executable, "-m", "charlm", *map(str, args)],
+        cwd=cwd,
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def _temp_files(folder: Path) -> list[str]:
@@ -87,10 +94,20 @@ def test_a_write_failing_with_enospc_leaves_the_previous_file(tmp_path):
 # 10. Disk full during training -----------------------------------------------------------------------------------
 
 
-def test_disk_full_during_training_stops_with_a_clear_error_and_keeps_the_last_checkpoint(tmp_path, corpus,
-                                                                                          monkeypatch):
-    config = load_config("tiny", ["model.n_layer=1", "model.n_embd=32", "model.block_size=16",
-                                  "train.eval_interval=5", "train.max_steps=40", f"data.path={corpus}"])
+def test_disk_full_during_training_stops_with_a_clear_error_and_keeps_the_last_checkpoint(
+    tmp_path, corpus, monkeypatch
+):
+    config = load_config(
+        "tiny",
+        [
+            "model.n_layer=1",
+            "model.n_embd=32",
+            "model.block_size=16",
+            "train.eval_interval=5",
+            "train.max_steps=40",
+            f"data.path={corpus}",
+        ],
+    )
     real_save, calls = torch.save, []
 
     def save_until_the_disk_fills(obj, f):
@@ -115,8 +132,19 @@ def test_disk_full_during_training_stops_with_a_clear_error_and_keeps_the_last_c
 def test_kill_9_at_random_moments_never_leaves_a_broken_last_pt(tmp_path, corpus):
     run = tmp_path / "run"
     rng = random.Random(0)
-    args = ["train", *SMALL, "--data", corpus, "--out-dir", run, "--set", "train.eval_interval=2",
-            "--max-steps", "100000", "--quiet"]
+    args = [
+        "train",
+        *SMALL,
+        "--data",
+        corpus,
+        "--out-dir",
+        run,
+        "--set",
+        "train.eval_interval=2",
+        "--max-steps",
+        "100000",
+        "--quiet",
+    ]
     for attempt in range(4):  # a fresh run, then resumed ones, each killed at a random moment
         proc = _popen(*(args if attempt == 0 else ["train", "--resume", "--out-dir", run, "--quiet"]))
         if attempt == 0:
@@ -137,8 +165,17 @@ def test_kill_9_at_random_moments_never_leaves_a_broken_last_pt(tmp_path, corpus
 
 
 def test_resume_is_exact_per_step_losses_and_final_weights(tmp_path, corpus):
-    common = ["train", *SMALL, "--data", corpus, "--set", "train.eval_interval=1", "--set", "model.dropout=0.2",
-              "--quiet"]
+    common = [
+        "train",
+        *SMALL,
+        "--data",
+        corpus,
+        "--set",
+        "train.eval_interval=1",
+        "--set",
+        "model.dropout=0.2",
+        "--quiet",
+    ]
     run_cli(*common, "--out-dir", tmp_path / "straight", "--max-steps", "16", check=True)
     run_cli(*common, "--out-dir", tmp_path / "split", "--max-steps", "8", check=True)
     run_cli("train", "--resume", "--out-dir", tmp_path / "split", "--max-steps", "16", "--quiet", check=True)
@@ -176,8 +213,20 @@ def test_a_signal_during_training_saves_and_exits_with_its_code(tmp_path, corpus
 def test_a_signal_during_compilation_exits_at_once_and_writes_nothing(tmp_path, corpus):
     run = tmp_path / "run"
     # an empty inductor cache, so that compilation really happens (and takes many seconds) in this run
-    proc = _popen("train", *SMALL, "--data", corpus, "--out-dir", run, "--set", "train.compile=true",
-                  "--max-steps", "50", "--quiet", env={"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")})
+    proc = _popen(
+        "train",
+        *SMALL,
+        "--data",
+        corpus,
+        "--out-dir",
+        run,
+        "--set",
+        "train.compile=true",
+        "--max-steps",
+        "50",
+        "--quiet",
+        env={"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")},
+    )
     time.sleep(6)  # past start-up, inside torch.compile's first step (which takes far longer here)
     assert proc.poll() is None, "compilation finished too quickly for this test"
     started = time.monotonic()
@@ -194,8 +243,7 @@ def test_a_signal_during_compilation_exits_at_once_and_writes_nothing(tmp_path, 
 def test_a_nan_loss_stops_before_the_step_and_keeps_the_last_checkpoints(tmp_path, corpus, monkeypatch):
     from charlm.model import GPT
 
-    sets = ["model.n_layer=1", "model.n_embd=32", "model.block_size=16", "train.eval_interval=5",
-            f"data.path={corpus}"]
+    sets = ["model.n_layer=1", "model.n_embd=32", "model.block_size=16", "train.eval_interval=5", f"data.path={corpus}"]
     run = tmp_path / "run"
     run_training(load_config("tiny", sets + ["train.max_steps=10"]), run, quiet=True)
     before = {name: (run / name).read_bytes() for name in ("best.pt", "last.pt")}
@@ -211,16 +259,37 @@ def test_a_nan_loss_stops_before_the_step_and_keeps_the_last_checkpoints(tmp_pat
 
     monkeypatch.setattr(GPT, "forward", nan_on_the_third_step)
     with pytest.raises(WorkError, match="loss became nan at step 13; training stopped before updating"):
-        run_training(load_config("tiny", sets + ["train.max_steps=30"]), run, resume=True,
-                     resume_changes={"train.max_steps": 30}, quiet=True)
+        run_training(
+            load_config("tiny", sets + ["train.max_steps=30"]),
+            run,
+            resume=True,
+            resume_changes={"train.max_steps": 30},
+            quiet=True,
+        )
     assert {name: (run / name).read_bytes() for name in before} == before
 
 
 def test_a_diverging_run_exits_1_naming_the_step_and_never_saves_non_finite_weights(tmp_path, corpus):
     run = tmp_path / "run"
-    diverged = run_cli("train", *SMALL, "--data", corpus, "--out-dir", run, "--max-steps", "40", "--quiet",
-                       "--set", "train.lr=1e38", "--set", "train.grad_clip=0", "--set", "train.warmup_steps=0",
-                       "--set", "train.eval_interval=1")
+    diverged = run_cli(
+        "train",
+        *SMALL,
+        "--data",
+        corpus,
+        "--out-dir",
+        run,
+        "--max-steps",
+        "40",
+        "--quiet",
+        "--set",
+        "train.lr=1e38",
+        "--set",
+        "train.grad_clip=0",
+        "--set",
+        "train.warmup_steps=0",
+        "--set",
+        "train.eval_interval=1",
+    )
     assert_one_line_error(diverged, 1, "loss became", "at step")
     if (run / "last.pt").exists():
         saved = load_checkpoint(run / "last.pt")
@@ -257,8 +326,12 @@ def test_a_checkpoint_that_would_run_code_is_refused_everywhere(tmp_path, corpus
     state["payload"] = RunsCode(marker)
     torch.save(state, run / "last.pt")
     torch.save(state, tmp_path / "evil.pt")
-    for args in (["train", "--resume", "--out-dir", run], ["eval", tmp_path / "evil.pt"],
-                 ["sample", tmp_path / "evil.pt"], ["info", tmp_path / "evil.pt"]):
+    for args in (
+        ["train", "--resume", "--out-dir", run],
+        ["eval", tmp_path / "evil.pt"],
+        ["sample", tmp_path / "evil.pt"],
+        ["info", tmp_path / "evil.pt"],
+    ):
         assert_one_line_error(run_cli(*args), 2, "could run code")
     assert not marker.exists()
 
@@ -356,8 +429,9 @@ def test_an_out_dir_that_is_a_file_or_unwritable_is_refused(tmp_path, corpus):
     afile.write_text("my notes")
     assert_one_line_error(run_cli("train", "--config", "tiny", "--data", corpus, "--out-dir", afile), 2, "is a file")
     inside = afile / "run"  # a folder below a file can never be created
-    assert_one_line_error(run_cli("train", "--config", "tiny", "--data", corpus, "--out-dir", inside), 2,
-                          "cannot write")
+    assert_one_line_error(
+        run_cli("train", "--config", "tiny", "--data", corpus, "--out-dir", inside), 2, "cannot write"
+    )
     assert afile.read_text() == "my notes"
 
 

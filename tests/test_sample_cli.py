@@ -7,20 +7,33 @@ from conftest import assert_one_line_error, run_cli
 
 
 def test_output_starts_with_the_prompt(tiny_checkpoint):
-    result = run_cli("sample", tiny_checkpoint, "--prompt", "JULIET:", "--seed", "1", "--max-new-tokens", "80",
-                     check=True)
+    result = run_cli(
+        "sample", tiny_checkpoint, "--prompt", "JULIET:", "--seed", "1", "--max-new-tokens", "80", check=True
+    )
     assert result.stdout.startswith("JULIET:") and len(result.stdout) >= 80
 
 
 def test_same_seed_same_text(tiny_checkpoint):
-    a, b, c = (run_cli("sample", tiny_checkpoint, "--seed", s, "--max-new-tokens", "60", check=True).stdout
-               for s in ("5", "5", "6"))
+    a, b, c = (
+        run_cli("sample", tiny_checkpoint, "--seed", s, "--max-new-tokens", "60", check=True).stdout
+        for s in ("5", "5", "6")
+    )
     assert a == b != c
 
 
 def test_num_samples_json_gives_that_many_samples(tiny_checkpoint):
-    result = run_cli("sample", tiny_checkpoint, "--num-samples", "3", "--json", "--max-new-tokens", "40",
-                     "--prompt", "ROMEO:", check=True)
+    result = run_cli(
+        "sample",
+        tiny_checkpoint,
+        "--num-samples",
+        "3",
+        "--json",
+        "--max-new-tokens",
+        "40",
+        "--prompt",
+        "ROMEO:",
+        check=True,
+    )
     lines = result.stdout.splitlines()
     assert len(lines) == 1
     out = json.loads(lines[0])
@@ -29,8 +42,10 @@ def test_num_samples_json_gives_that_many_samples(tiny_checkpoint):
 
 
 def test_temperature_zero_is_deterministic_without_a_seed(tiny_checkpoint):
-    a, b = (run_cli("sample", tiny_checkpoint, "--temperature", "0", "--max-new-tokens", "50", check=True).stdout
-            for _ in range(2))
+    a, b = (
+        run_cli("sample", tiny_checkpoint, "--temperature", "0", "--max-new-tokens", "50", check=True).stdout
+        for _ in range(2)
+    )
     assert a == b
 
 
@@ -57,18 +72,37 @@ def test_max_new_tokens_zero_prints_the_prompt(tiny_checkpoint):
 
 def test_prompt_longer_than_the_context_works(tiny_checkpoint):
     long_prompt = "To be, or not to be, that is the question. " * 3  # > block_size 16
-    result = run_cli("sample", tiny_checkpoint, "--prompt", long_prompt, "--max-new-tokens", "30", "--json",
-                     check=True)
+    result = run_cli("sample", tiny_checkpoint, "--prompt", long_prompt, "--max-new-tokens", "30", "--json", check=True)
     assert json.loads(result.stdout)["samples"][0].startswith(long_prompt)
 
 
 def test_unknown_prompt_characters_follow_the_policy(tiny_checkpoint):
     assert_one_line_error(run_cli("sample", tiny_checkpoint, "--prompt", "caf\u00e9"), 2, "U+00E9", "--unknown")
-    skipped = run_cli("sample", tiny_checkpoint, "--prompt", "caf\u00e9", "--unknown", "skip", "--json",
-                      "--max-new-tokens", "5", check=True)
+    skipped = run_cli(
+        "sample",
+        tiny_checkpoint,
+        "--prompt",
+        "caf\u00e9",
+        "--unknown",
+        "skip",
+        "--json",
+        "--max-new-tokens",
+        "5",
+        check=True,
+    )
     assert json.loads(skipped.stdout)["samples"][0].startswith("caf")
-    replaced = run_cli("sample", tiny_checkpoint, "--prompt", "caf\u00e9", "--unknown", "replace", "--json",
-                       "--max-new-tokens", "5", check=True)
+    replaced = run_cli(
+        "sample",
+        tiny_checkpoint,
+        "--prompt",
+        "caf\u00e9",
+        "--unknown",
+        "replace",
+        "--json",
+        "--max-new-tokens",
+        "5",
+        check=True,
+    )
     assert json.loads(replaced.stdout)["samples"][0].startswith("caf ")
 
 

@@ -14,8 +14,9 @@ from charlm.evaluate import full_pass
 from tests.conftest import assert_one_line_error, run_cli
 
 
-@pytest.mark.parametrize("n,T,S", [(1000, 32, 1), (1000, 32, 7), (1001, 32, 32), (257, 64, 16), (40, 64, 8),
-                                   (65, 64, 3), (500, 16, 15)])
+@pytest.mark.parametrize(
+    "n,T,S", [(1000, 32, 1), (1000, 32, 7), (1001, 32, 32), (257, 64, 16), (40, 64, 8), (65, 64, 3), (500, 16, 15)]
+)
 def test_every_character_is_scored_once_with_at_least_block_size_minus_stride_context(n, T, S):
     ids = torch.arange(n, dtype=torch.int16)  # each id is its own position
     scored = torch.zeros(n, dtype=torch.int64)
@@ -51,14 +52,17 @@ def test_more_context_scores_real_text_better(tiny_checkpoint, corpus):
 
 
 def test_eval_stride_on_the_command_line(tiny_checkpoint, corpus):
-    result = run_cli("eval", tiny_checkpoint, "--data", corpus, "--split", "val", "--stride", "8", "--json",
-                     check=True)
+    result = run_cli("eval", tiny_checkpoint, "--data", corpus, "--split", "val", "--stride", "8", "--json", check=True)
     figures = json.loads(result.stdout)
     assert figures["stride"] == 8 and figures["unit"] == "char" and figures["split"] == "val"
     text = run_cli("eval", tiny_checkpoint, "--data", corpus, "--stride", "8", check=True).stdout
     assert "stride 8" in text and "nats/char" in text
-    assert_one_line_error(run_cli("eval", tiny_checkpoint, "--data", corpus, "--stride", "999"), 2, "--stride",
-                          "between 1 and the model's context")
+    assert_one_line_error(
+        run_cli("eval", tiny_checkpoint, "--data", corpus, "--stride", "999"),
+        2,
+        "--stride",
+        "between 1 and the model's context",
+    )
     assert_one_line_error(run_cli("eval", tiny_checkpoint, "--stride", "0"), 2, "--stride")
 
 

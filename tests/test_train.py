@@ -19,13 +19,15 @@ def _metrics(run_dir):
 
 
 def _train(run_dir, corpus, *extra, steps=30):
-    return run_cli("train", *SMALL, "--data", corpus, "--out-dir", run_dir, "--max-steps", steps, "--json", *extra,
-                   check=True)
+    return run_cli(
+        "train", *SMALL, "--data", corpus, "--out-dir", run_dir, "--max-steps", steps, "--json", *extra, check=True
+    )
 
 
 def test_tiny_config_leaves_a_complete_run_folder(tmp_path, corpus):
-    result = run_cli("train", "--config", "tiny", "--data", corpus, "--out-dir", tmp_path / "tiny", "--json",
-                     check=True)
+    result = run_cli(
+        "train", "--config", "tiny", "--data", corpus, "--out-dir", tmp_path / "tiny", "--json", check=True
+    )
     for name in ("best.pt", "last.pt", "config.yaml", "metrics.jsonl"):
         assert (tmp_path / "tiny" / name).is_file(), name
     summary = json.loads(result.stdout)
@@ -98,8 +100,9 @@ def test_an_existing_run_is_not_overwritten_by_accident(tmp_path, corpus):
     result = run_cli("train", *SMALL, "--data", corpus, "--out-dir", tmp_path / "r", "--max-steps", "10")
     assert_one_line_error(result, 2, "--resume", "--overwrite")
     assert (tmp_path / "r" / "best.pt").read_bytes() == before
-    run_cli("train", *SMALL, "--data", corpus, "--out-dir", tmp_path / "r", "--max-steps", "10", "--overwrite",
-            check=True)
+    run_cli(
+        "train", *SMALL, "--data", corpus, "--out-dir", tmp_path / "r", "--max-steps", "10", "--overwrite", check=True
+    )
 
 
 def test_checkpoint_round_trip_reproduces_logits_exactly(tmp_path):
@@ -107,8 +110,10 @@ def test_checkpoint_round_trip_reproduces_logits_exactly(tmp_path):
     config = Config(model=ModelConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, dropout=0.1))
     tokenizer = CharTokenizer.from_text("abcdefgh \n")
     model = GPT(config.model, tokenizer.vocab_size).eval()
-    save_checkpoint(tmp_path / "m.pt", {"config": config.to_dict(), "vocab": tokenizer.chars,
-                                        "model": model.state_dict(), "step": 3})
+    save_checkpoint(
+        tmp_path / "m.pt",
+        {"config": config.to_dict(), "vocab": tokenizer.chars, "model": model.state_dict(), "step": 3},
+    )
     loaded = load_checkpoint(tmp_path / "m.pt")
     again = loaded.build_model().eval()
     x = torch.randint(tokenizer.vocab_size, (2, 16))
@@ -123,8 +128,9 @@ def test_missing_data_file_is_a_clear_error(tmp_path):
 
 
 def test_train_fetches_the_default_corpus_when_missing(tmp_path, full_corpus):
-    result = run_cli("train", *SMALL, "--max-steps", "10", "--json", cwd=tmp_path,
-                     env={"CHARLM_DATA_URL": full_corpus.as_uri()})
+    result = run_cli(
+        "train", *SMALL, "--max-steps", "10", "--json", cwd=tmp_path, env={"CHARLM_DATA_URL": full_corpus.as_uri()}
+    )
     assert result.returncode == 0, result.stderr
     assert "downloading tiny-shakespeare" in result.stderr
     assert (tmp_path / "data" / "tinyshakespeare.txt").stat().st_size == FULL_CORPUS_BYTES
@@ -132,16 +138,34 @@ def test_train_fetches_the_default_corpus_when_missing(tmp_path, full_corpus):
 
 
 def test_cosine_schedule_decays_to_min_lr_over_max_steps(tmp_path, corpus):
-    _train(tmp_path / "r", corpus, "--set", "train.lr_schedule=cosine", "--set", "train.warmup_steps=5",
-           "--set", "train.min_lr=1e-4", steps=40)
+    _train(
+        tmp_path / "r",
+        corpus,
+        "--set",
+        "train.lr_schedule=cosine",
+        "--set",
+        "train.warmup_steps=5",
+        "--set",
+        "train.min_lr=1e-4",
+        steps=40,
+    )
     lrs = [m["lr"] for m in _metrics(tmp_path / "r")]
     assert lrs == sorted(lrs, reverse=True) and len(set(lrs)) == 4
     assert abs(lrs[-1] - 1e-4) < 5e-5  # the lr of the last step, near the floor
 
 
 def test_linear_schedule_follows_a_straight_line(tmp_path, corpus):
-    _train(tmp_path / "r", corpus, "--set", "train.lr_schedule=linear", "--set", "train.min_lr=0",
-           "--set", "train.warmup_steps=0", steps=40)
+    _train(
+        tmp_path / "r",
+        corpus,
+        "--set",
+        "train.lr_schedule=linear",
+        "--set",
+        "train.min_lr=0",
+        "--set",
+        "train.warmup_steps=0",
+        steps=40,
+    )
     lrs = [m["lr"] for m in _metrics(tmp_path / "r")]
     peak = 3e-3  # configs/tiny.yaml
     assert [round(lr / peak, 3) for lr in lrs] == [round(1 - s / 40, 3) for s in (9, 19, 29, 39)]

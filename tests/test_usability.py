@@ -22,8 +22,13 @@ def run_in_tty(*args: str, env: dict | None = None, timeout: float = 120) -> str
     fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 100, 0, 0))
     inherited = {k: v for k, v in os.environ.items() if k != "NO_COLOR"}
     full_env = {**inherited, "PYTHONPATH": str(REPO), "COLUMNS": "100", **(env or {})}
-    proc = subprocess.Popen([sys.executable, "-m", "charlm", *map(str, args)], stdout=follower, stderr=follower,
-                            stdin=subprocess.DEVNULL, env=full_env)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "charlm", *map(str, args)],
+        stdout=follower,
+        stderr=follower,
+        stdin=subprocess.DEVNULL,
+        env=full_env,
+    )
     os.close(follower)
     chunks = []
     while True:
@@ -49,16 +54,18 @@ def test_piped_output_has_no_ansi_codes_or_progress_bar(tmp_path, corpus):
 def test_a_terminal_gets_colour_and_no_color_turns_it_off(tmp_path, corpus):
     coloured = run_in_tty("train", *SMALL, "--data", corpus, "--out-dir", tmp_path / "a", "--max-steps", "20")
     assert "\x1b[" in coloured and "done" in coloured
-    plain = run_in_tty("train", *SMALL, "--data", corpus, "--out-dir", tmp_path / "b", "--max-steps", "20",
-                       env={"NO_COLOR": "1"})
+    plain = run_in_tty(
+        "train", *SMALL, "--data", corpus, "--out-dir", tmp_path / "b", "--max-steps", "20", env={"NO_COLOR": "1"}
+    )
     assert "\x1b[" not in plain and "done" in plain
     evaluated = run_in_tty("eval", tmp_path / "b" / "best.pt", env={"NO_COLOR": "1"})
     assert "\x1b[" not in evaluated and "nats/char" in evaluated
 
 
 def test_a_time_budgeted_run_shows_seconds_and_the_time_left_on_a_terminal(tmp_path, corpus):
-    screen = run_in_tty("train", *SMALL, "--data", corpus, "--out-dir", tmp_path / "r", "--max-steps", "0",
-                        "--max-seconds", "3")
+    screen = run_in_tty(
+        "train", *SMALL, "--data", corpus, "--out-dir", tmp_path / "r", "--max-steps", "0", "--max-seconds", "3"
+    )
     bars = [part for part in re.split(r"[\r\n]", screen) if "/3 s [" in part]
     assert bars, screen
     assert re.search(r"\d+%\|.*\| \d/3 s \[00:0\d<00:0\d, step [\d,]+ loss \d\.\d{4}", bars[-1]), bars[-1]
@@ -70,16 +77,28 @@ def test_a_step_limited_run_counts_steps(tmp_path, corpus):
 
 
 def test_quiet_prints_only_the_summary(tmp_path, corpus):
-    result = run_cli("train", *SMALL, "--data", corpus, "--out-dir", tmp_path / "r", "--max-steps", "20", "--quiet",
-                     check=True)
+    result = run_cli(
+        "train", *SMALL, "--data", corpus, "--out-dir", tmp_path / "r", "--max-steps", "20", "--quiet", check=True
+    )
     assert result.stderr == "" and result.stdout.startswith("done")
 
 
 def test_plot_writes_a_real_png(tmp_path, corpus):
     pytest.importorskip("matplotlib")
     for name in ("a", "b"):
-        run_cli("train", *SMALL, "--data", corpus, "--out-dir", tmp_path / name, "--max-steps", "30",
-                "--seed", str(ord(name)), check=True)
+        run_cli(
+            "train",
+            *SMALL,
+            "--data",
+            corpus,
+            "--out-dir",
+            tmp_path / name,
+            "--max-steps",
+            "30",
+            "--seed",
+            str(ord(name)),
+            check=True,
+        )
     out = tmp_path / "loss.png"
     run_cli("plot", tmp_path / "a", tmp_path / "b", "-o", out, check=True)
     data = out.read_bytes()
@@ -114,13 +133,25 @@ def test_tensorboard_without_the_package_says_how_to_install_it(tmp_path, corpus
     try:
         import torch.utils.tensorboard  # noqa: F401
     except ImportError:
-        result = run_cli("train", *SMALL, "--data", corpus, "--out-dir", tmp_path / "r",
-                         "--set", "train.tensorboard=true")
-        assert_one_line_error(result, 2, "pip install -e \".[tensorboard]\"")
+        result = run_cli(
+            "train", *SMALL, "--data", corpus, "--out-dir", tmp_path / "r", "--set", "train.tensorboard=true"
+        )
+        assert_one_line_error(result, 2, 'pip install -e ".[tensorboard]"')
         assert not (tmp_path / "r").exists()
     else:
-        run_cli("train", *SMALL, "--data", corpus, "--out-dir", tmp_path / "r", "--max-steps", "20",
-                "--set", "train.tensorboard=true", check=True)
+        run_cli(
+            "train",
+            *SMALL,
+            "--data",
+            corpus,
+            "--out-dir",
+            tmp_path / "r",
+            "--max-steps",
+            "20",
+            "--set",
+            "train.tensorboard=true",
+            check=True,
+        )
         assert any((tmp_path / "r" / "tensorboard").iterdir())
 
 
