@@ -13,8 +13,8 @@ import warnings
 from typing import TYPE_CHECKING, Any
 
 from charlm.errors import CharlmError, Interrupted, UsageError, WorkError
+from charlm.version import __version__
 
-__version__ = "0.1.0"
 __all__ = ["CharlmError", "Interrupted", "Model", "UsageError", "WorkError", "__version__", "load", "train"]
 
 # torch warns at import when NumPy is missing; charlm never uses NumPy, so that line is only noise for users

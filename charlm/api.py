@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from charlm import config as cfg
-from charlm.checkpoint import Checkpoint, load_checkpoint
+from charlm.checkpoint import Checkpoint
 from charlm.config import Config
 from charlm.data import Corpus, encode_compact
 from charlm.device import pick_device
@@ -22,6 +22,7 @@ from charlm.errors import UsageError
 from charlm.evaluate import EvalResult, full_pass
 from charlm.generate import SampleOptions, SampleResult, encode_prompt, sample
 from charlm.info import ModelInfo, model_info
+from charlm.loading import load_model_file
 from charlm.model import GPT
 from charlm.tokenizer import Tokenizer, UnknownPolicy
 
@@ -148,14 +149,14 @@ class Model:
 
 def load(path: str | Path, device: str = "auto") -> Model:
     """A checkpoint file (or a run folder: its best.pt) as a Model on `device` (auto: cuda, then mps, then cpu)."""
-    return Model.from_checkpoint(load_checkpoint(path), device)
+    return Model.from_checkpoint(load_model_file(path), device)
 
 
 def export(checkpoint: str | Path, out_dir: str | Path) -> list[Path]:
     """Write model.safetensors, config.json, vocab.json and a README.md model card to out_dir (see charlm.export)."""
     from charlm.export import model_card, write_export
 
-    ckpt = load_checkpoint(checkpoint)
+    ckpt = load_model_file(checkpoint)
     model = Model.from_checkpoint(ckpt, "cpu")
     try:
         scores = model.evaluate().to_dict()

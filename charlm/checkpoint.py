@@ -14,12 +14,12 @@ from typing import Any
 
 import torch
 
-from charlm import __version__
 from charlm.config import Config, config_from_dict
 from charlm.errors import UsageError
 from charlm.files import atomic_write
 from charlm.model import GPT
 from charlm.tokenizer import Tokenizer, make_tokenizer
+from charlm.version import __version__
 
 FORMAT_VERSION = 1
 REQUIRED_KEYS = ("format_version", "config", "vocab", "model", "step")
@@ -125,28 +125,12 @@ def newest_checkpoint(runs_dir: Path = RUNS_DIR) -> Path:
     return max(found, key=lambda p: p.stat().st_mtime)
 
 
-def checkpoint_file(path: str | Path) -> Path:
-    """A checkpoint file as given, the best.pt inside a run folder, or an export folder (`charlm export`)."""
+def load_checkpoint(path: str | Path) -> Checkpoint:
+    """Read and check a checkpoint file; every problem is one UsageError line. (A run folder or an export: see
+    charlm.loading, the one place that tells the kinds apart.)"""
     path = Path(path)
     if path.is_dir():
-        if (path / "best.pt").is_file():
-            return path / "best.pt"
-        if (path / "model.safetensors").is_file():
-            return path
-        raise UsageError(
-            f"{path} is a folder without best.pt: give a checkpoint file, a run folder of `charlm train` "
-            "or a folder written by `charlm export`"
-        )
-    return path
-
-
-def load_checkpoint(path: str | Path) -> Checkpoint:
-    """Read and check a checkpoint (or a run folder's best.pt); every problem is one UsageError line."""
-    path = checkpoint_file(path)
-    if path.is_dir():
-        from charlm.export import read_export  # imports this module: loaded only when needed
-
-        return read_export(path)
+        raise UsageError(f"{path} is a folder, not a checkpoint file (give its best.pt or last.pt)")
     if not path.exists():
         raise UsageError(f"checkpoint not found: {path} (train one with `charlm train`, or check the path)")
     try:

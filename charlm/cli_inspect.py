@@ -47,8 +47,9 @@ def info(
     """Parameters per component and training FLOPs per token, each beside its formula."""
     needs_torch()
     from charlm import config as cfg
-    from charlm.checkpoint import RUNS_DIR, load_checkpoint
+    from charlm.checkpoint import RUNS_DIR
     from charlm.info import model_info
+    from charlm.loading import load_model_file
     from charlm.report import print_model_info
 
     if checkpoint is not None and (config is not None or set_):
@@ -56,7 +57,7 @@ def info(
     if checkpoint is None and config is None and not set_ and any(RUNS_DIR.glob("**/best.pt")):
         checkpoint = str(checkpoint_path(None))
     if checkpoint is not None:
-        ckpt = load_checkpoint(checkpoint)
+        ckpt = load_model_file(checkpoint)
         ckpt.build_model()  # the same checks as eval and sample: shapes, vocabulary, finite weights
         model_config, vocab, title = ckpt.config.model, ckpt.tokenizer.vocab_size, str(ckpt.path)
     else:

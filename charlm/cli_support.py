@@ -72,11 +72,12 @@ def needs_torch() -> None:
 
 def checkpoint_path(given: Optional[str]) -> Path:
     """The checkpoint given (a file or a run folder), else the newest run's best.pt, said on stderr."""
-    from charlm.checkpoint import checkpoint_file, newest_checkpoint
+    from charlm.checkpoint import newest_checkpoint
+    from charlm.loading import model_path
     from charlm.progress import stderr_console
 
     if given is not None:
-        return checkpoint_file(given)
+        return model_path(given)
     path = newest_checkpoint()
     stderr_console().print(f"using {path} (newest run)", markup=False)
     return path

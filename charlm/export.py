@@ -8,12 +8,12 @@ import json
 from pathlib import Path
 from typing import Any
 
-from charlm import __version__
 from charlm.checkpoint import Checkpoint
-from charlm.config import config_from_dict
+from charlm.config import TrainConfig, config_from_dict
 from charlm.errors import UsageError
 from charlm.files import atomic_write
 from charlm.tokenizer import tokenizer_from_json
+from charlm.version import __version__
 
 WEIGHTS, CONFIG, VOCAB, CARD = "model.safetensors", "config.json", "vocab.json", "README.md"
 EXPORT_FORMAT = "charlm-export-1"
@@ -31,7 +31,8 @@ def _safetensors() -> Any:
 
 
 def is_export(path: Path) -> bool:
-    return path.is_dir() and (path / WEIGHTS).is_file() and (path / CONFIG).is_file()
+    """A folder written by `charlm export` (judged by its weights file; read_export checks the rest)."""
+    return path.is_dir() and (path / WEIGHTS).is_file()
 
 
 def write_export(ckpt: Checkpoint, out_dir: Path, card: str) -> list[Path]:
@@ -44,7 +45,13 @@ def write_export(ckpt: Checkpoint, out_dir: Path, card: str) -> list[Path]:
     # Clones: a tied head shares the embedding's storage, which safetensors refuses to write twice.
     weights = {k: v.detach().to("cpu").clone().contiguous() for k, v in ckpt.state["model"].items()}
     meta = {"format": EXPORT_FORMAT, "charlm_version": __version__, "step": str(ckpt.step)}
-    config = {"format": EXPORT_FORMAT, "charlm_version": __version__, "step": ckpt.step, **ckpt.config.to_dict()}
+    config: dict[str, Any] = {
+        "format": EXPORT_FORMAT,
+        "charlm_version": __version__,
+        "step": ckpt.step,
+        **ckpt.config.to_dict(),
+    }
+    config["data"]["path"] = data_name(ckpt)  # the file's name: a published model must not carry a home directory
     files = {
         WEIGHTS: st.save(weights, metadata=meta),
         CONFIG: (json.dumps(config, indent=2) + "\n").encode(),
@@ -79,19 +86,30 @@ def read_export(folder: Path) -> Checkpoint:
     return Checkpoint(folder, config, tokenizer, {"model": weights, "step": step})
 
 
+def data_name(ckpt: Checkpoint) -> str:
+    """The training data as an export records it: its file (or folder) name, never the path on the trainer's disk."""
+    return Path(ckpt.config.data.path).name
+
+
+def optimizer_name(train: TrainConfig) -> str:
+    if train.optimizer == "muon":
+        return f"Muon lr {train.muon_lr:g} for the blocks' matrices, AdamW lr {train.lr:g} for the rest"
+    return f"AdamW lr {train.lr:g}"
+
+
 def model_card(ckpt: Checkpoint, params: int, scores: dict[str, float] | None, sample: str, folder: Path) -> str:
     m, t = ckpt.config.model, ckpt.config.train
+    data, unit = data_name(ckpt), ckpt.tokenizer.unit
+    symbols = "bytes" if unit == "byte" else "characters"
     quality = (
-        f"full validation pass: **{scores['loss']:.4f} nats/char, {scores['bpc']:.4f} bits/char** "
-        f"(perplexity {scores['perplexity']:.3f}) on the last {ckpt.config.data.val_fraction:.0%} of "
-        f"`{ckpt.config.data.path}`"
+        f"validation pass: **{scores['loss']:.4f} nats/{unit}, {scores['bpc']:.4f} bits/{unit}** "
+        f"(perplexity {scores['perplexity']:.3f}) on the validation split of `{data}`"
         if scores
-        else f"not measured here: the training corpus `{ckpt.config.data.path}` was not found at export time"
+        else f"not measured here: the training corpus `{data}` was not found at export time"
     )
     return f"""# charlm character-level language model
 
-A decoder-only Transformer over {ckpt.tokenizer.vocab_size} characters, trained with charlm on
-`{ckpt.config.data.path}`.
+A decoder-only Transformer over {ckpt.tokenizer.vocab_size} {symbols}, trained with charlm on `{data}`.
 
 | | |
 |---|---|
@@ -99,7 +117,7 @@ A decoder-only Transformer over {ckpt.tokenizer.vocab_size} characters, trained 
 | parts | {m.pos_encoding} positions, {m.norm} ({m.norm_position}), {m.activation} feed-forward x{m.ffn_mult:g}, \
 {"tied" if m.tie_weights else "untied"} head |
 | parameters | {params:,} |
-| training | {ckpt.step:,} steps of batch {t.batch_size} x {t.grad_accum}, AdamW lr {t.lr:g} ({t.lr_schedule}) |
+| training | {ckpt.step:,} steps of batch {t.batch_size} x {t.grad_accum}, {optimizer_name(t)} ({t.lr_schedule}) |
 | quality | {quality} |
 
 ## Use it

@@ -13,9 +13,10 @@ from pathlib import Path
 
 import torch
 
-from charlm.checkpoint import Checkpoint, load_checkpoint
+from charlm.checkpoint import Checkpoint
 from charlm.config import Config
 from charlm.errors import UsageError
+from charlm.loading import load_model_file
 from charlm.model import GPT
 from charlm.prepare import prepare
 from charlm.tokenizer import CharTokenizer, Tokenizer
@@ -23,7 +24,7 @@ from charlm.tokenizer import CharTokenizer, Tokenizer
 
 def load_source(path: str | Path) -> Checkpoint:
     """The model to start from; a damaged or pickled file is refused like any checkpoint."""
-    return load_checkpoint(path)
+    return load_model_file(path)
 
 
 def finetune_config(requested: Config, source: Checkpoint) -> Config:

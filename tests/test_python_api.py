@@ -97,7 +97,7 @@ def test_an_export_holds_weights_config_vocabulary_and_a_card(exported, tiny_che
     assert "nats/char" in card and "bits/char" in card and f'charlm.load("{exported}")' in card
 
 
-def test_an_export_gives_bit_identical_logits_and_the_same_samples(exported, tiny_checkpoint):
+def test_an_export_gives_bit_identical_logits_and_the_same_samples(exported, tiny_checkpoint, corpus):
     import torch
     from conftest import run_cli
 
@@ -109,10 +109,11 @@ def test_an_export_gives_bit_identical_logits_and_the_same_samples(exported, tin
         run_cli("sample", exported, *args, check=True).stdout
         == run_cli("sample", tiny_checkpoint, *args, check=True).stdout
     )
-    for command in ("eval", "info"):
+    # an export records its corpus by file name only (never a path of the trainer's disk): eval is told where it is
+    for command, extra in (("eval", ("--data", str(corpus), "--split", "val")), ("info", ())):
         assert (
-            run_cli(command, exported, "--json", check=True).stdout
-            == run_cli(command, tiny_checkpoint, "--json", check=True).stdout
+            run_cli(command, exported, "--json", *extra, check=True).stdout
+            == run_cli(command, tiny_checkpoint, "--json", *extra, check=True).stdout
         )
 
 
@@ -129,3 +130,16 @@ def test_a_tampered_export_config_is_one_line(exported, tmp_path):
     assert_one_line_error(run_cli("sample", bad), 2, "does not match its recorded model shape")
     with pytest.raises(charlm.UsageError, match="does not match"):
         charlm.load(bad)
+
+
+def test_an_export_records_the_data_file_name_not_its_path_and_names_the_optimizer(tmp_path, tiny_checkpoint):
+    import json
+
+    from charlm.api import export
+
+    export(tiny_checkpoint, tmp_path / "exported")
+    config = json.loads((tmp_path / "exported" / "config.json").read_text())
+    card = (tmp_path / "exported" / "README.md").read_text()
+    assert config["data"]["path"] == "tinyshakespeare-excerpt.txt"  # trained on an absolute path under tests/data
+    assert str(REPO) not in card and str(REPO) not in json.dumps(config)
+    assert "AdamW lr" in card and "Muon" not in card
