@@ -13,13 +13,12 @@ from pathlib import Path
 from typing import Any, cast
 
 import torch
-from torch import nn
 
 from charlm import config as cfg
 from charlm.checkpoint import Checkpoint, load_checkpoint
 from charlm.config import Config
 from charlm.data import Corpus
-from charlm.device import autocast_dtype, configure_backends, pick_device, seed_everything, should_compile
+from charlm.device import autocast_dtype, configure_backends, pick_device, seed_everything
 from charlm.distributed import Dist, setup, teardown
 from charlm.download import ensure_builtin_corpus
 from charlm.errors import UsageError
@@ -307,8 +306,6 @@ def _build(
             f"DDP: {dist.world_size} processes, global batch {trainer.global_batch} windows "
             f"({config.train.batch_size} per rank x {config.train.grad_accum} accumulation)"
         )
-    if should_compile(device, config.train.compile):
-        trainer.forward = compile_or_warn(trainer.eager, reporter)
     return trainer
 
 
@@ -352,11 +349,3 @@ def peak_memory_mb(device: torch.device) -> float:
         return 0.0
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return rss / 2**20 if sys.platform == "darwin" else rss / 1024  # bytes on macOS, KiB on Linux
-
-
-def compile_or_warn(model: nn.Module, reporter: TrainReporter) -> nn.Module:
-    try:
-        return cast(nn.Module, torch.compile(model))
-    except Exception as e:  # compile support varies by platform; eager always works
-        reporter.warn(f"torch.compile unavailable ({type(e).__name__}: {e}); training without it")
-        return model

@@ -20,7 +20,7 @@ from torch import nn
 from charlm.checkpoint import TrainingState, save_training_checkpoint
 from charlm.config import Config
 from charlm.data import Corpus, RandomWindows, fixed_windows
-from charlm.device import autocast, autocast_dtype, rng_state, seed_everything, set_rng_state
+from charlm.device import autocast, autocast_dtype, rng_state, seed_everything, set_rng_state, should_compile
 from charlm.distributed import Dist
 from charlm.errors import CharlmError, Interrupted, UsageError, WorkError
 from charlm.evaluate import windows_total
@@ -46,6 +46,14 @@ class NeverStop:
 
     def arm(self) -> None:
         pass
+
+
+def compile_or_warn(model: nn.Module, reporter: TrainReporter) -> nn.Module:
+    try:
+        return cast(nn.Module, torch.compile(model))
+    except Exception as e:  # compile support varies by platform; eager always works
+        reporter.warn(f"torch.compile unavailable ({type(e).__name__}: {e}); training without it")
+        return model
 
 
 def seed_for_rank(seed: int, rank: int) -> int:
@@ -89,12 +97,14 @@ class Trainer:
         self.lr = tc.lr
         self.run_start = time.perf_counter()  # reset when run() begins; time-based schedules count from it
         self.config_written = False
-        # What the steps call: the model, wrapped in DistributedDataParallel under torchrun, maybe compiled.
-        self.eager = model
+        # What the steps call: the model, wrapped in DistributedDataParallel under torchrun, then maybe compiled (the
+        # trainer owns the fallback: a compile that fails on the first step goes back to `uncompiled`).
+        self.uncompiled: nn.Module = model
         if self.dist.active:
             ids = [device.index] if device.type == "cuda" else None
-            self.eager = nn.parallel.DistributedDataParallel(model, device_ids=ids)
-        self.forward = self.eager
+            self.uncompiled = nn.parallel.DistributedDataParallel(model, device_ids=ids)
+        compiled = should_compile(device, tc.compile)
+        self.forward = compile_or_warn(self.uncompiled, reporter) if compiled else self.uncompiled
 
     @property
     def global_batch(self) -> int:
@@ -171,12 +181,12 @@ class Trainer:
         loss = self._first_step() if first else self._optimizer_step()
         dt = time.perf_counter() - t0
         if self.stop.requested is not None and first:  # a stop asked for while the first step ran: nothing to keep
-            raise self._early_stop()
+            raise self._stopped_before_training()
         self.stop.arm()
         per_step_tokens = self.global_batch * self.config.model.block_size
         self.step += 1
         self.tokens += per_step_tokens
-        if first and self.forward is not self.eager:
+        if first and self.forward is not self.uncompiled:
             self.compile_s = dt  # the first compiled step includes compilation: report it apart
         else:
             self.train_s += dt
@@ -185,7 +195,7 @@ class Trainer:
 
     def _first_step(self) -> torch.Tensor:
         """torch.compile fails lazily, at the first call: fall back to eager with a warning, never a crash."""
-        if self.forward is self.eager:
+        if self.forward is self.uncompiled:
             return self._optimizer_step()
         try:
             return self._optimizer_step()
@@ -193,9 +203,9 @@ class Trainer:
             raise
         except Exception as e:  # compiler errors come in many types (BackendCompilerFailed, InductorError, ...)
             if self.stop.requested is not None:  # a stop request, wrapped by the compiler
-                raise self._early_stop() from None
+                raise self._stopped_before_training() from None
             self.reporter.warn(f"torch.compile failed ({type(e).__name__}); training without it")
-            self.forward = self.eager
+            self.forward = self.uncompiled
             self.optimizer.zero_grad(set_to_none=True)
             return self._optimizer_step()
 
@@ -206,7 +216,11 @@ class Trainer:
         for micro in range(tc.grad_accum):
             x, y = self.sampler.next_batch()
             sync = not self.dist.active or micro == tc.grad_accum - 1  # DDP all-reduces on the last micro-step only
-            with contextlib.nullcontext() if sync else cast(nn.parallel.DistributedDataParallel, self.eager).no_sync():
+            with (
+                contextlib.nullcontext()
+                if sync
+                else cast(nn.parallel.DistributedDataParallel, self.uncompiled).no_sync()
+            ):
                 with autocast(self.device, self.amp_dtype):
                     _, loss = self.forward(x, y)
                 loss = loss / tc.grad_accum
@@ -341,7 +355,7 @@ class Trainer:
                 "untouched (free some disk space, then `charlm train --resume`)"
             ) from e
 
-    def _early_stop(self) -> Interrupted:
+    def _stopped_before_training(self) -> Interrupted:
         signum = self.stop.requested or signal.SIGINT
         name = signal.Signals(signum).name
         return Interrupted(f"{name} received before training started; nothing was written", signum)

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import tempfile
 import time
@@ -31,7 +30,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import append_section
+from benchlib import NANOGPT_SHAPE, append_section, run_charlm, set_args
 
 
 def matmul_peak(dtype: torch.dtype, device: str, n: int = 2048, seconds: float = 2.0) -> float:
@@ -50,21 +49,7 @@ def matmul_peak(dtype: torch.dtype, device: str, n: int = 2048, seconds: float =
 
 
 def charlm(*args: str) -> dict:
-    result = subprocess.run([sys.executable, "-m", "charlm", *args], capture_output=True, text=True)
-    if result.returncode != 0:
-        raise SystemExit(f"charlm {' '.join(args)} failed:\n{result.stderr}")
-    return json.loads(result.stdout)
-
-
-NANOGPT_SHAPE = [
-    "model.n_layer=4",
-    "model.n_head=4",
-    "model.n_embd=128",
-    "model.block_size=64",
-    "model.dropout=0.0",
-    "train.batch_size=12",
-    "train.max_steps=600",
-]
+    return run_charlm(*args)[0]
 
 
 def default_recipe(data: str, record: bool) -> None:
@@ -83,9 +68,7 @@ def default_recipe(data: str, record: bool) -> None:
             data,
             "--out-dir",
             str(Path(tmp) / "shape"),
-            *[x for item in NANOGPT_SHAPE for x in ("--set", item)],
-            "--json",
-            "--quiet",
+            *set_args(NANOGPT_SHAPE),
         )
     print(
         f"\nfull-val median {s['median']:.4f}  min {s['min']:.4f}  max {s['max']:.4f}  "
@@ -132,8 +115,8 @@ def main() -> None:
     peaks = {name: matmul_peak(dtype, device) for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16))}
     print(f"matmul peak on {device}: fp32 {peaks['fp32'] / 1e9:,.0f} GFLOP/s, bf16 {peaks['bf16'] / 1e9:,.0f} GFLOP/s")
 
-    sets = [x for item in args.sets for x in ("--set", item)]
-    info = charlm("info", "--config", args.config, *sets, "--json")
+    sets = set_args(args.sets)
+    info = charlm("info", "--config", args.config, *sets)
     with tempfile.TemporaryDirectory() as tmp:
         run = Path(tmp) / "run"
         started = time.perf_counter()
@@ -148,13 +131,11 @@ def main() -> None:
             "--device",
             args.device,
             *sets,
-            "--json",
-            "--quiet",
         )
         wall = time.perf_counter() - started
         metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
         sampled = charlm(
-            "sample", str(run / "best.pt"), "--max-new-tokens", "500", "--seed", "0", "--json", "--device", args.device
+            "sample", str(run / "best.pt"), "--max-new-tokens", "500", "--seed", "0", "--device", args.device
         )
     flops = summary["tokens_per_s"] * info["flops_per_token"]
     reached = next((m for m in metrics if args.target_loss and m["val_loss"] <= args.target_loss), None)

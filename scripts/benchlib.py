@@ -1,11 +1,15 @@
-"""Shared by the benchmark scripts: what machine this is, and appending rows to docs/benchmarks.md."""
+"""Shared by the benchmark scripts: running charlm and timing it, nanoGPT's shape, what machine this is, and
+appending rows to docs/benchmarks.md."""
 
 from __future__ import annotations
 
 import datetime
+import json
 import platform
 import shlex
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -48,3 +52,37 @@ def append_section(title: str, header: list[str], rows: list[list[str]]) -> None
     ]
     with open(BENCHMARKS, "a", encoding="utf-8") as f:
         f.write("\n".join(lines) + "\n")
+
+
+# nanoGPT's CPU recipe shape (its README's "baby" CPU run) as charlm settings: one definition for every script.
+NANOGPT_SHAPE = [
+    "model.n_layer=4",
+    "model.n_head=4",
+    "model.n_embd=128",
+    "model.block_size=64",
+    "model.dropout=0.0",
+    "train.batch_size=12",
+    "train.max_steps=600",
+]
+
+
+def set_args(items: list[str]) -> list[str]:
+    """`--set KEY=VALUE` pairs for a charlm command line."""
+    return [x for item in items for x in ("--set", item)]
+
+
+def run_timed(args: list[str], cwd: Path | None = None) -> tuple[str, float]:
+    """Run a command; its stdout and wall seconds, or exit naming the command and showing its output's end."""
+    started = time.perf_counter()
+    result = subprocess.run([str(a) for a in args], cwd=cwd, capture_output=True, text=True)
+    wall = time.perf_counter() - started
+    if result.returncode != 0:
+        raise SystemExit(f"{' '.join(map(str, args))} failed:\n{result.stdout[-2000:]}\n{result.stderr[-4000:]}")
+    return result.stdout, wall
+
+
+def run_charlm(*args: str, cwd: Path | None = None) -> tuple[dict, float]:
+    """`python -m charlm ARGS --json` (and --quiet for train) in a fresh process: its JSON and wall seconds."""
+    extra = ["--json", "--quiet"] if args[0] == "train" else ["--json"]
+    out, wall = run_timed([sys.executable, "-m", "charlm", *args, *extra], cwd)
+    return json.loads(out.strip().splitlines()[-1]), wall

@@ -16,14 +16,12 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import machine
+from benchlib import machine, run_charlm, set_args
 
 # The baseline is spelled out so that the comparison does not drift when configs/cpu.yaml is retuned.
 BASELINE = [
@@ -91,30 +89,8 @@ GROUPS = {"classic": (BASELINE, VARIANTS, "results"), "modern": (MODERN_BASELINE
 
 
 def run_variant(data: str, config: str, seconds: float, sets: list[str], out: Path, baseline: list[str]) -> dict:
-    args = [
-        sys.executable,
-        "-m",
-        "charlm",
-        "train",
-        "--config",
-        config,
-        "--data",
-        data,
-        "--out-dir",
-        str(out),
-        "--max-seconds",
-        str(seconds),
-        "--set",
-        "train.max_steps=0",
-        "--json",
-        "--quiet",
-    ]
-    for item in baseline + sets:
-        args += ["--set", item]
-    result = subprocess.run(args, capture_output=True, text=True)
-    if result.returncode != 0:
-        raise SystemExit(f"{' '.join(args)} failed:\n{result.stderr}")
-    return json.loads(result.stdout)
+    args = ["train", "--config", config, "--data", data, "--out-dir", str(out), "--max-seconds", str(seconds)]
+    return run_charlm(*args, *set_args(["train.max_steps=0", *baseline, *sets]))[0]
 
 
 def main() -> None:

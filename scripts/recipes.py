@@ -13,42 +13,19 @@ table and the per-recipe median / min / max go to docs/benchmarks.md.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import append_section
+from benchlib import append_section, run_charlm, set_args
 
 
 def train(config: str, data: str, seed: int, sets: list[str], out_dir: Path) -> dict:
-    args = [
-        sys.executable,
-        "-m",
-        "charlm",
-        "train",
-        "--config",
-        config,
-        "--data",
-        data,
-        "--out-dir",
-        str(out_dir),
-        "--seed",
-        str(seed),
-        *[x for s in sets for x in ("--set", s)],
-        "--json",
-        "--quiet",
-    ]
-    started = time.perf_counter()
-    result = subprocess.run(args, capture_output=True, text=True)
-    wall = time.perf_counter() - started
-    if result.returncode != 0:
-        raise SystemExit(f"{' '.join(args)} failed:\n{result.stderr}")
-    return {**json.loads(result.stdout), "outer_wall_s": wall}
+    args = ["train", "--config", config, "--data", data, "--out-dir", str(out_dir), "--seed", str(seed)]
+    summary, wall = run_charlm(*args, *set_args(sets))
+    return {**summary, "outer_wall_s": wall}
 
 
 def run_recipes(config: str, data: str, seeds: list[int], recipes: list[tuple[str, list[str]]]) -> list[dict]:

@@ -24,14 +24,12 @@ import json
 import re
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import append_section
+from benchlib import NANOGPT_SHAPE, append_section, run_charlm, run_timed, set_args
 
 NANOGPT_CPU = [
     "--device=cpu",
@@ -45,24 +43,7 @@ NANOGPT_CPU = [
     "--n_embd=128",
     "--dropout=0.0",
 ]
-CHARLM_NANOGPT_SHAPE = [
-    "--config",
-    "tiny",
-    "--set",
-    "model.n_layer=4",
-    "--set",
-    "model.n_head=4",
-    "--set",
-    "model.n_embd=128",
-    "--set",
-    "model.block_size=64",
-    "--set",
-    "model.dropout=0.0",
-    "--set",
-    "train.batch_size=12",
-    "--set",
-    "train.max_steps=600",
-]
+CHARLM_NANOGPT_SHAPE = ["--config", "tiny", *set_args(NANOGPT_SHAPE)]
 
 # Runs in the nanoGPT checkout with its own model.py: a full validation pass over val.bin, or timed generation.
 NANOGPT_PROBE = r"""
@@ -98,22 +79,8 @@ else:
 """
 
 
-def run(args: list[str], cwd: Path | None = None) -> tuple[str, float]:
-    started = time.perf_counter()
-    result = subprocess.run(args, cwd=cwd, capture_output=True, text=True)
-    wall = time.perf_counter() - started
-    if result.returncode != 0:
-        raise SystemExit(f"{' '.join(map(str, args))} failed:\n{result.stdout[-2000:]}\n{result.stderr[-4000:]}")
-    return result.stdout, wall
-
-
-def charlm(*args: str) -> tuple[dict, float]:
-    out, wall = run(
-        [sys.executable, "-m", "charlm", *args, "--json", "--quiet"]
-        if args[0] == "train"
-        else [sys.executable, "-m", "charlm", *args, "--json"]
-    )
-    return json.loads(out.strip().splitlines()[-1]), wall
+run = run_timed
+charlm = run_charlm
 
 
 def prepare_nanogpt(checkout: Path, data: Path, scratch: Path) -> Path:

@@ -11,24 +11,15 @@ notebook` runs and its full validation pass of best.pt is read. Both losses are 
 from __future__ import annotations
 
 import argparse
-import json
 import re
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import append_section
+from benchlib import append_section, run_charlm, run_timed
 
-
-def timed(args: list[str]) -> tuple[str, float]:
-    started = time.perf_counter()
-    result = subprocess.run(args, capture_output=True, text=True)
-    if result.returncode != 0:
-        raise SystemExit(f"{' '.join(args)} failed:\n{result.stderr[-3000:]}")
-    return result.stdout, time.perf_counter() - started
+timed = run_timed
 
 
 def main() -> None:
@@ -56,23 +47,7 @@ def main() -> None:
     )
 
     with tempfile.TemporaryDirectory() as tmp:
-        out, wall = timed(
-            [
-                sys.executable,
-                "-m",
-                "charlm",
-                "train",
-                "--config",
-                "notebook",
-                "--data",
-                args.data,
-                "--out-dir",
-                str(Path(tmp) / "nb"),
-                "--json",
-                "--quiet",
-            ]
-        )
-    s = json.loads(out)
+        s, wall = run_charlm("train", "--config", "notebook", "--data", args.data, "--out-dir", str(Path(tmp) / "nb"))
     print(
         f"charlm --config notebook: full-val {s['full_val_loss']:.4f} nats/char in {wall:.1f} s "
         f"({s['steps']:,} steps, {s['stop_reason']})"

@@ -146,3 +146,13 @@ def test_docs_config_md_is_current():
     from charlm.config_docs import reference_markdown
 
     assert (REPO / "docs" / "config.md").read_text() == reference_markdown(), "run python scripts/gen_config_docs.py"
+
+
+def test_every_lr_schedule_has_its_words_in_the_docs():
+    import typing
+
+    from charlm import config_docs
+    from charlm.config import TrainConfig
+
+    values = typing.get_args(typing.get_type_hints(TrainConfig)["lr_schedule"])
+    assert set(config_docs.SCHEDULE_WORDS) == set(values)  # a value without words would still document (.get)
