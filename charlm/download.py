@@ -180,6 +180,7 @@ class BuiltinCorpus:
     sha256: str  # of what the URL serves (the zip archive, for zipped corpora)
     dest: Path  # the text
     url_env: str  # the environment variable that points at a mirror (which must serve the same bytes)
+    title: str = ""  # as people write it (tiny-shakespeare)
     member: str | None = None  # the file inside the zip archive
     text_sha256: str | None = None  # of the extracted text
     about: str = ""
@@ -196,6 +197,7 @@ CORPORA = {
         TINY_SHAKESPEARE_SHA256,
         DEFAULT_DEST,
         URL_ENV,
+        title="tiny-shakespeare",
         about="1.1 MB of Shakespeare's plays (char-rnn); the default corpus",
     ),
     # The Hutter Prize file: the first 10^8 bytes of an English Wikipedia XML dump (2006-03-03), modelled as bytes.
@@ -289,5 +291,5 @@ def ensure_builtin_corpus(path: str | Path, say: Callable[[str], None]) -> None:
     for corpus in CORPORA.values():
         if Path(path) == corpus.dest and not corpus.dest.exists():
             source = os.environ.get(corpus.url_env) or corpus.url
-            say(f"{corpus.dest} is missing: downloading {corpus.name} from {source}")
+            say(f"{corpus.dest} is missing: downloading {corpus.title or corpus.name} from {source}")
             download_corpus(corpus)
