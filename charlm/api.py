@@ -215,18 +215,17 @@ def train(
     `overrides` maps dotted keys to values ({"train.max_steps": 200}). Ctrl-C (KeyboardInterrupt) stops the run
     after saving last.pt and propagates; no signal handler is installed and the process is never exited.
     """
-    from charlm.run import requested_config, run_training
+    from charlm.run import resolve_run, run_training
 
     options = {key: (key, value) for key, value in (overrides or {}).items()}  # typed values, no YAML round trip
     options["data.path"] = ("data", None if data is None else str(data))
-    settings, changes = requested_config(str(config), [], options, resume)
-    run_dir = Path(out_dir) if out_dir is not None else Path("runs") / Path(str(config)).stem
+    request = resolve_run(str(config), [], options, resume, out_dir)
     summary = run_training(
-        settings,
-        run_dir,
+        request.config,
+        request.out_dir,
         resume=resume,
         overwrite=overwrite,
-        resume_changes=changes,
+        resume_changes=request.changes,
         quiet=quiet,
         init_from=init_from,
         extend_vocab=extend_vocab,

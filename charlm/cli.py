@@ -173,10 +173,9 @@ def train(
 ) -> None:
     """Train a model; with no options, trains configs/cpu.yaml on tiny-shakespeare (downloaded when missing)."""
     needs_torch()
-    from charlm.config import DEFAULT_CONFIG
     from charlm.progress import TrainReporter
     from charlm.report import print_train_summary
-    from charlm.run import requested_config, run_training
+    from charlm.run import resolve_run, run_training
     from charlm.signals import StopSignals
 
     if resume and overwrite:
@@ -190,15 +189,14 @@ def train(
         "train.max_seconds": ("--max-seconds", max_seconds),
         "train.seed": ("--seed", seed),
     }
-    settings, changes = requested_config(config, set_ or [], options, resume)
-    run_dir = out_dir or Path("runs") / Path(config or DEFAULT_CONFIG).stem
-    with StopSignals(before_exit=remover_if_created(run_dir)) as stop:
+    request = resolve_run(config, set_ or [], options, resume, out_dir)
+    with StopSignals(before_exit=remover_if_created(request.out_dir)) as stop:
         summary = run_training(
-            settings,
-            run_dir,
+            request.config,
+            request.out_dir,
             resume=resume,
             overwrite=overwrite,
-            resume_changes=changes,
+            resume_changes=request.changes,
             reporter=TrainReporter(quiet),
             stop=stop,
             init_from=init_from,

@@ -101,6 +101,11 @@ class ModelConfig:
         False, "start W_O and the feed-forward's output projection at zero, so each block begins as the identity"
     )
     logit_softcap: float = documented(0.0, "cap the output logits smoothly: c * tanh(logits / c) (0 = off)", ge=0.0)
+    init: Literal["gpt2", "torch"] = documented(
+        "gpt2",
+        "initial weights: gpt2 = N(0, 0.02), residual projections scaled by 1/sqrt(2 n_layer), zero biases; torch = "
+        "PyTorch's own layer defaults (uniform Linear weights, N(0, 1) embeddings), as the course notebook has them",
+    )
     attention: Literal["fused", "explicit"] = documented(
         "fused",
         "fused: torch's scaled_dot_product_attention kernel; explicit: softmax(QKᵀ/√d_head + mask) V "

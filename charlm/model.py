@@ -207,6 +207,12 @@ class GPT(nn.Module):
         return self.config.pos_encoding in RELATIVE
 
     def _init_weights(self, module: nn.Module) -> None:
+        """model.init: gpt2 (below), or torch, which keeps each layer's own initialisation (zero_init_proj still
+        zeroes the residual projections)."""
+        if self.config.init == "torch":
+            if self.config.zero_init_proj and isinstance(module, ResidualProjection):
+                nn.init.zeros_(module.weight)
+            return
         if isinstance(module, nn.Linear):
             std = 0.02
             if isinstance(module, ResidualProjection):

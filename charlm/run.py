@@ -15,7 +15,7 @@ from typing import Any, cast
 import torch
 
 from charlm import config as cfg
-from charlm.checkpoint import Checkpoint, load_checkpoint
+from charlm.checkpoint import RUNS_DIR, Checkpoint, load_checkpoint
 from charlm.config import Config
 from charlm.data import Corpus
 from charlm.device import autocast_dtype, configure_backends, pick_device, seed_everything
@@ -82,6 +82,26 @@ class TrainSummary:
 
 
 # ---------------------------------------------------------------------------- the configuration
+
+
+@dataclass
+class RunRequest:
+    """What a `charlm train` command (or `charlm.train` call) asks for, resolved: the run folder, the configuration
+    of a fresh run, and for a resume the settings to compare with the run's."""
+
+    out_dir: Path
+    config: Config | None
+    changes: dict[str, Any]
+
+
+def resolve_run(
+    config_file: str | None, sets: list[str], options: cfg.Options, resume: bool, out_dir: str | Path | None
+) -> RunRequest:
+    """The one sequence the command line and the Python API share: the requested settings, then the run folder
+    (given, or runs/<config name>)."""
+    settings, changes = requested_config(config_file, sets, options, resume)
+    folder = Path(out_dir) if out_dir is not None else RUNS_DIR / Path(config_file or cfg.DEFAULT_CONFIG).stem
+    return RunRequest(folder, settings, changes)
 
 
 def requested_config(

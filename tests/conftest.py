@@ -1,10 +1,14 @@
-"""Shared test helpers: the shipped corpus excerpt, the CLI as a real subprocess, a loopback HTTP server."""
+"""Shared test helpers: the shipped corpus excerpt, the CLI (in-process, or as a real subprocess), a loopback HTTP
+server."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import http.server
+import io
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -63,12 +67,27 @@ def run_cli(
     timeout: float = 300,
     check: bool = False,
     input: str | None = None,
+    process: bool = False,
 ) -> subprocess.CompletedProcess:
-    """`python -m charlm ARGS` in a real subprocess, with no TTY (as in CI); stdin is `input`, else empty."""
+    """`charlm ARGS` with no TTY (as in CI); stdin is `input`, else empty.
+
+    In-process by default: the console script's own entry point (charlm.cli.main) runs in this interpreter with
+    stdout, stderr and stdin captured, the environment and working folder patched, and SIGINT/SIGTERM handlers put
+    back afterwards; it prints, exits and fails exactly as the command does, without paying for a new Python and
+    torch each time. `process=True` runs `python -m charlm` in a real subprocess, for tests whose subject is the
+    process itself (what it imports, its signals, its exit under a limit).
+    """
+    result = (_run_process if process else _run_in_process)([str(a) for a in args], cwd, env, timeout, input)
+    if check and result.returncode != 0:
+        raise AssertionError(f"charlm {' '.join(map(str, args))} exited {result.returncode}:\n{result.stderr}")
+    return result
+
+
+def _run_process(args, cwd, env, timeout, input) -> subprocess.CompletedProcess:
     inherited = {k: v for k, v in os.environ.items() if k not in ("CHARLM_DATA_URL", "NO_COLOR")}
     full_env = {**inherited, "PYTHONPATH": str(REPO), **(env or {})}
-    result = subprocess.run(
-        [sys.executable, "-m", "charlm", *map(str, args)],
+    return subprocess.run(
+        [sys.executable, "-m", "charlm", *args],
         cwd=cwd,
         env=full_env,
         capture_output=True,
@@ -76,9 +95,37 @@ def run_cli(
         timeout=timeout,
         **({"input": input} if input is not None else {"stdin": subprocess.DEVNULL}),
     )
-    if check and result.returncode != 0:
-        raise AssertionError(f"charlm {' '.join(map(str, args))} exited {result.returncode}:\n{result.stderr}")
-    return result
+
+
+def _run_in_process(args, cwd, env, timeout, input) -> subprocess.CompletedProcess:
+    from charlm.cli import main
+
+    saved_env, saved_cwd = dict(os.environ), os.getcwd()
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    stdout, stderr = io.StringIO(), io.StringIO()
+    stdin = io.TextIOWrapper(io.BytesIO((input or "").encode()), encoding="utf-8")
+    saved_stdin = sys.stdin
+    try:
+        for name in ("CHARLM_DATA_URL", "NO_COLOR"):
+            os.environ.pop(name, None)
+        os.environ.update(env or {})
+        if cwd is not None:
+            os.chdir(cwd)
+        sys.stdin = stdin
+        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+            try:
+                main(args)
+                code = 0
+            except SystemExit as e:
+                code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    finally:
+        sys.stdin = saved_stdin
+        os.chdir(saved_cwd)
+        os.environ.clear()
+        os.environ.update(saved_env)
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
+    return subprocess.CompletedProcess(["charlm", *args], code, stdout.getvalue(), stderr.getvalue())
 
 
 def assert_one_line_error(result: subprocess.CompletedProcess, code: int, *needles: str) -> None:

@@ -24,14 +24,17 @@ def test_version():
 
 
 def test_python_dash_m_and_the_console_script_agree():
+    """The console script itself is the subject: it must be installed (pip install -e .) beside this Python."""
     import shutil
     import subprocess
+    import sys
+    from pathlib import Path
 
-    exe = shutil.which("charlm")
-    if exe:  # installed (as in CI): the entry point behaves the same
-        assert (
-            subprocess.run([exe, "--version"], capture_output=True, text=True).stdout.strip() == f"charlm {__version__}"
-        )
+    beside = Path(sys.executable).parent / "charlm"
+    exe = str(beside) if beside.is_file() else shutil.which("charlm")
+    assert exe, 'the charlm console script is not installed beside this Python: pip install -e ".[test]"'
+    result = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and result.stdout.strip() == f"charlm {__version__}"
 
 
 def test_unknown_option_is_one_line_exit_2():

@@ -37,6 +37,40 @@ def test_notebook_config_is_the_notebook_recipe():
     )
     assert (c.train.plateau_factor, c.train.plateau_patience, c.train.eval_interval) == (0.5, 5, 200)
     assert (c.train.early_stop_patience, c.train.max_steps, c.train.lr, c.model.dropout) == (10, 30000, 1e-3, 0.0)
+    m, t = c.model, c.train
+    assert (m.pos_encoding, m.norm, m.norm_position, m.activation, m.ffn_mult) == (
+        "learned",
+        "layernorm",
+        "pre",
+        "relu",
+        4,
+    )
+    assert (m.bias, m.qkv_bias, m.tie_weights, m.head_bias, m.init) == (True, False, False, True, "torch")
+    assert (t.beta1, t.beta2, t.weight_decay, t.decay, t.grad_clip, t.warmup_steps) == (0.9, 0.999, 0.01, "all", 0, 0)
+    assert (t.lr_schedule, t.min_lr, t.eval_at_start, t.eval_sampling, t.eval_windows, t.seed) == (
+        "plateau",
+        0,
+        True,
+        "random",
+        3200,
+        1337,
+    )
+    assert c.sample.temperature == 1.0 and c.data.val_fraction == 0.1
+
+
+def test_notebook_model_has_the_notebooks_parameter_count_and_torch_initialisation():
+    import torch
+
+    from charlm.model import GPT
+
+    c = load_config("notebook")
+    torch.manual_seed(0)
+    model = GPT(c.model, 65)
+    assert model.num_params() == 209_729  # what torch counts for the notebook's own model
+    # torch's defaults, not GPT-2's: embeddings N(0, 1), Linear weights uniform within 1/sqrt(fan_in), biases too
+    assert 0.9 < float(model.tok_emb.weight.std()) < 1.1
+    bound = 1 / 64**0.5
+    assert float(model.head.weight.abs().max()) <= bound and float(model.head.bias.abs().max()) > 0
 
 
 def test_precedence_is_defaults_then_file_then_set_then_options(tmp_path):

@@ -2,6 +2,7 @@
 
 import csv
 import json
+import sys
 
 import pytest
 from conftest import SMALL, assert_one_line_error, run_cli
@@ -93,11 +94,14 @@ def test_wandb_in_offline_mode(tmp_path, corpus):
     assert len(runs) == 1 and list(runs[0].glob("*.wandb"))
 
 
-def test_a_missing_logger_package_is_one_line_before_training(tmp_path, corpus):
+def test_a_missing_logger_package_is_one_line_before_training(tmp_path, corpus, monkeypatch):
     for name in ("wandb", "tensorboard"):
-        try:
-            __import__(name)
-        except ImportError:
+        # Whether or not the package is installed here, make importing it fail as it does where it is not:
+        # None in sys.modules is Python's own "this module cannot be imported".
+        with monkeypatch.context() as m:
+            for module in [k for k in sys.modules if k == name or k.startswith(name + ".")]:
+                m.delitem(sys.modules, module)
+            m.setitem(sys.modules, name, None)
             result = run_cli(
                 "train",
                 *SMALL,
