@@ -319,6 +319,15 @@ def sample_(
             "characters a byte model produced that were not valid UTF-8, shown as U+FFFD).",
         ),
     ] = False,
+    interactive: Annotated[
+        bool,
+        typer.Option(
+            "--interactive",
+            "-i",
+            help="Load once, then continue prompt after prompt (/help lists the commands); without a terminal, one "
+            "prompt per input line.",
+        ),
+    ] = False,
 ) -> None:
     """Generate text from a checkpoint, continuing a prompt (KV-cached; temperature, top-k, top-p, stop strings)."""
     needs_torch()
@@ -327,6 +336,11 @@ def sample_(
 
     if prompt is not None and prompt_file is not None:
         raise UsageError("give --prompt or --prompt-file, not both")
+    if interactive and (prompt is not None or prompt_file is not None or json_out or num_samples != 1):
+        raise UsageError(
+            "--interactive reads its prompts from the keyboard: leave out --prompt, --prompt-file, --json and "
+            "--num-samples"
+        )
     check_replacement(replace_with)
     check_sample_flags(top_p=top_p, stop=stop)  # flag mistakes first, before looking for a checkpoint
     model = load(checkpoint_path(checkpoint), device)  # a bad checkpoint is reported before a bad prompt
@@ -342,6 +356,10 @@ def sample_(
         num_samples=num_samples,
         use_cache=not no_cache,
     )
+    if interactive:
+        from charlm.repl import run_repl
+
+        return run_repl(model, options, unknown.value, replace_with)
     prompt_ids = model.encode_prompt(text, unknown.value, replace_with)
     streaming = not json_out and num_samples == 1 and (stream if stream is not None else sys.stdout.isatty())
     if streaming:

@@ -1,0 +1,149 @@
+"""`charlm sample --interactive`: from a pipe (one continuation per line) and under a real pseudo-terminal."""
+
+from __future__ import annotations
+
+import os
+import pty
+import select
+import sys
+import time
+
+import pytest
+from conftest import REPO, run_cli
+
+
+def test_pipe_gives_one_continuation_per_line_like_sample(tiny_checkpoint):
+    single = run_cli(
+        "sample",
+        tiny_checkpoint,
+        "--prompt",
+        "JULIET:",
+        "--temperature",
+        "0",
+        "--max-new-tokens",
+        "20",
+        "--no-stream",
+        check=True,
+    ).stdout
+    result = run_cli(
+        "sample",
+        tiny_checkpoint,
+        "--interactive",
+        "--max-new-tokens",
+        "20",
+        input="/temperature 0\nJULIET:\n\nJULIET:\n/max 5\nROMEO:\n",
+        check=True,
+    )
+    assert result.stdout.count(single) == 2  # greedy: both equal a one-shot `charlm sample`
+    assert "now: temperature 0.0" in result.stderr
+    last = result.stdout[result.stdout.rindex("ROMEO:") :]
+    assert len(last) == len("ROMEO:") + 5 + 1  # five characters (greedy may give newlines), then the end of line
+
+
+def test_pipe_mistake_is_one_line_and_exit_code(tiny_checkpoint):
+    result = run_cli("sample", tiny_checkpoint, "--interactive", input="/temperature hot\n")
+    assert result.returncode != 0
+    assert "/temperature takes a number" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_interactive_refuses_a_prompt_flag(tiny_checkpoint):
+    result = run_cli("sample", tiny_checkpoint, "--interactive", "--prompt", "x")
+    assert result.returncode == 2 and "--interactive" in result.stderr
+
+
+class Terminal:
+    """The REPL as a child process on a pseudo-terminal: what a person at a keyboard sees and types."""
+
+    def __init__(self, *args: str):
+        self.pid, self.fd = pty.fork()
+        if self.pid == 0:  # child: the pty is its controlling terminal, so Ctrl-C becomes SIGINT
+            env = {**os.environ, "PYTHONPATH": str(REPO), "TERM": "dumb"}
+            os.execvpe(sys.executable, [sys.executable, "-m", "charlm", *args], env)
+        self.seen = ""
+
+    def read_until(self, needle: str, timeout: float = 60) -> str:
+        deadline = time.monotonic() + timeout
+        while needle not in self.seen:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AssertionError(f"no {needle!r} within {timeout} s; the terminal showed:\n{self.seen[-2000:]}")
+            if select.select([self.fd], [], [], left)[0]:
+                try:
+                    chunk = os.read(self.fd, 4096)
+                except OSError:  # the child closed the terminal
+                    chunk = b""
+                if not chunk:
+                    raise AssertionError(f"the REPL ended before {needle!r}:\n{self.seen[-2000:]}")
+                self.seen += chunk.decode("utf-8", "replace")
+        found = self.seen[: self.seen.index(needle) + len(needle)]
+        self.seen = self.seen[len(found) :]
+        return found
+
+    def type(self, text: str) -> None:
+        os.write(self.fd, text.encode())
+
+    def wait(self, timeout: float = 30) -> int:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                return os.waitstatus_to_exitcode(status)
+            try:
+                if select.select([self.fd], [], [], 0.1)[0]:
+                    os.read(self.fd, 4096)
+            except OSError:
+                time.sleep(0.1)
+        os.kill(self.pid, 9)
+        raise AssertionError("the REPL did not exit")
+
+
+def test_terminal_prompt_temperature_ctrl_c_ctrl_d(tiny_checkpoint):
+    term = Terminal("sample", str(tiny_checkpoint), "--interactive", "--max-new-tokens", "30")
+    try:
+        term.read_until("> ")
+        term.type("/temperature 0.5\r")
+        term.read_until("now: temperature 0.5")
+        term.read_until("> ")
+        term.type("JULIET:\r")
+        shown = term.read_until("> ")
+        assert "JULIET:" in shown and len(shown) > len("JULIET:") + 20  # a streamed continuation
+        term.type("/max 10000000\r")
+        term.read_until("> ")
+        term.type("ROMEO:\r")
+        term.read_until("ROMEO:")
+        term.read_until("ROMEO:")  # the echo of the line, then the prompt as the model sees it
+        time.sleep(1.0)  # mid-continuation: ten million characters would take hours
+        term.type("\x03")
+        term.read_until("[stopped]", timeout=20)
+        term.read_until("> ")
+        term.type("/seed 3\r")  # still alive after Ctrl-C
+        term.read_until("seed 3")
+        term.read_until("> ")
+        term.type("\x04")  # Ctrl-D on an empty line leaves
+        assert term.wait() == 0
+    finally:
+        try:
+            os.kill(term.pid, 9)
+            os.waitpid(term.pid, 0)
+        except (ProcessLookupError, ChildProcessError):
+            pass
+        os.close(term.fd)
+
+
+@pytest.mark.parametrize("command,message", [("/top-p 2", "--top-p must be in (0, 1]"), ("/nope", "unknown command")])
+def test_terminal_mistake_keeps_the_session(tiny_checkpoint, command, message):
+    term = Terminal("sample", str(tiny_checkpoint), "--interactive")
+    try:
+        term.read_until("> ")
+        term.type(command + "\r")
+        term.read_until(message)
+        term.read_until("> ")
+        term.type("/quit\r")
+        assert term.wait() == 0
+    finally:
+        try:
+            os.kill(term.pid, 9)
+            os.waitpid(term.pid, 0)
+        except (ProcessLookupError, ChildProcessError):
+            pass
+        os.close(term.fd)
