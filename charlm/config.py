@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
-import types
 import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -28,6 +27,7 @@ from charlm.config_files import (  # noqa: F401  (re-exported: the config API in
     read_yaml_file,
     shipped_config_names,
 )
+from charlm.config_types import coerce, describe_type
 from charlm.errors import UsageError
 
 DEFAULT_CONFIG = "cpu"
@@ -262,7 +262,7 @@ def _apply(values: dict[str, dict[str, Any]], s: Setting) -> str | None:
     if key not in fields:
         return f"unknown key '{s.key}' ({s.source}){_suggest(key, list(fields), prefix=section + '.')}"
     hint = typing.get_type_hints(SECTIONS[section])[key]
-    ok, value = _coerce(s.value, hint)
+    ok, value = coerce(s.value, hint)
     if not ok:
         return f"{s.key}: expected {describe_type(hint)}, got {s.value!r} ({s.source})"
     values[section][key] = value
@@ -272,46 +272,6 @@ def _apply(values: dict[str, dict[str, Any]], s: Setting) -> str | None:
 def _suggest(word: str, options: list[str], prefix: str = "") -> str:
     close = difflib.get_close_matches(word, options, n=1, cutoff=0.6)
     return f"; did you mean '{prefix}{close[0]}'?" if close else f"; valid: {', '.join(prefix + o for o in options)}"
-
-
-def _coerce(value: Any, hint: Any) -> tuple[bool, Any]:
-    origin = typing.get_origin(hint)
-    if origin in (typing.Union, types.UnionType):
-        args = typing.get_args(hint)
-        if value is None and type(None) in args:
-            return True, None
-        return _coerce(value, next(a for a in args if a is not type(None)))
-    if origin is list:
-        items = value if isinstance(value, list) else [value]  # `--set train.loggers=csv` means [csv]
-        coerced = [_coerce(item, typing.get_args(hint)[0]) for item in items]
-        return all(ok for ok, _ in coerced), [v for _, v in coerced]
-    if origin is Literal:
-        choices = typing.get_args(hint)
-        if isinstance(value, bool) and "true" in choices:  # YAML reads `compile: true` as a bool
-            value = "true" if value else "false"
-        return (value in choices), value
-    if hint is bool:
-        return isinstance(value, bool), value
-    if hint is int:
-        return (isinstance(value, int) and not isinstance(value, bool)), value
-    if hint is float:  # ints are accepted where floats are expected
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value)
-        return ok, float(value) if ok else value
-    if hint is str:
-        return isinstance(value, str), value
-    return False, value
-
-
-def describe_type(hint: Any) -> str:
-    origin = typing.get_origin(hint)
-    if origin in (typing.Union, types.UnionType):
-        inner = next(a for a in typing.get_args(hint) if a is not type(None))
-        return f"{describe_type(inner)} or null"
-    if origin is Literal:
-        return "one of " + ", ".join(str(c) for c in typing.get_args(hint))
-    if origin is list:
-        return f"a list, each {describe_type(typing.get_args(hint)[0])}"
-    return {bool: "true or false", int: "an integer", float: "a number", str: "a string"}.get(hint, str(hint))
 
 
 def _check_ranges(config: Config) -> list[str]:

@@ -56,7 +56,7 @@ def test_several_config_errors_are_listed_together(tmp_path, corpus):
 
 
 def test_debug_shows_the_traceback(tmp_path):
-    result = run_cli("--debug", "eval", tmp_path / "missing.pt")
+    result = run_cli("--debug", "eval", tmp_path / "missing.pt", process=True)  # the interpreter prints it
     assert result.returncode != 0 and "Traceback" in result.stderr
 
 
