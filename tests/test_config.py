@@ -70,7 +70,7 @@ def test_notebook_model_has_the_notebooks_parameter_count_and_torch_initialisati
     # torch's defaults, not GPT-2's: embeddings N(0, 1), Linear weights uniform within 1/sqrt(fan_in), biases too
     assert 0.9 < float(model.tok_emb.weight.detach().std()) < 1.1
     bound = 1 / 64**0.5
-    assert float(model.head.weight.abs().max()) <= bound and float(model.head.bias.abs().max()) > 0
+    assert float(model.head.weight.detach().abs().max()) <= bound and float(model.head.bias.detach().abs().max()) > 0
 
 
 def test_precedence_is_defaults_then_file_then_set_then_options(tmp_path):
