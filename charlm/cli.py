@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from charlm import __version__, cli_inspect
+from charlm import __version__, cli_inspect, cli_serve
 from charlm.cli_support import (
     CHECKPOINT_HELP,
     DEVICE_HELP,
@@ -385,6 +385,7 @@ app.command()(cli_inspect.attention)
 app.command("export")(cli_inspect.export_)
 app.command()(cli_inspect.plot)
 app.command("config")(cli_inspect.config_)
+app.command()(cli_serve.serve)
 
 
 # ---------------------------------------------------------------------------- entry point

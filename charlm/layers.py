@@ -56,8 +56,10 @@ class Rotary(nn.Module):
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
     def forward(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        """x: (B, nh, T, hd), pos: (T,) absolute positions."""
-        angles = pos.to(self.inv_freq.dtype)[:, None] * self.inv_freq  # (T, hd/2)
+        """x: (B, nh, T, hd), pos: (T,) absolute positions, or (B, T) when each row has its own."""
+        angles = pos.to(self.inv_freq.dtype)[..., None] * self.inv_freq  # (T, hd/2) or (B, T, hd/2)
+        if angles.dim() == 3:
+            angles = angles[:, None]  # (B, 1, T, hd/2): the same angle for every head
         cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
         even, odd = x[..., 0::2], x[..., 1::2]
         return torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1).flatten(-2)
@@ -82,14 +84,14 @@ def attention_mask(
     """Each query sees itself and the window - 1 positions before it, never the future.
 
     Without ALiBi: a boolean (Tq, Tk) mask. With ALiBi: an additive (nh, Tq, Tk) bias of -slope x distance, -inf
-    outside the window.
+    outside the window. Positions given per row, (B, Tq) and (B, Tk), give (B, 1, Tq, Tk) and (B, nh, Tq, Tk).
     """
-    distance = q_pos[:, None] - k_pos[None, :]  # (Tq, Tk)
+    distance = q_pos[..., :, None] - k_pos[..., None, :]  # (Tq, Tk) or (B, Tq, Tk)
     allowed = (distance >= 0) & (distance < window)
     if slopes is None:
-        return allowed
-    bias = -slopes.to(dtype)[:, None, None] * distance.to(dtype)  # (nh, Tq, Tk)
-    return bias.masked_fill(~allowed, float("-inf"))
+        return allowed if allowed.dim() == 2 else allowed[:, None]
+    bias = -slopes.to(dtype)[:, None, None] * distance.unsqueeze(-3).to(dtype)  # (nh, Tq, Tk) or (B, nh, Tq, Tk)
+    return bias.masked_fill(~allowed.unsqueeze(-3), float("-inf"))
 
 
 def part_bias(config: ModelConfig, part: str) -> bool:

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from charlm.config import ModelConfig
+from charlm.kvcache import KVCache, RowCache
 from charlm.layers import (
     MixtureOfExperts,
     ResidualProjection,
@@ -27,55 +28,6 @@ from charlm.layers import (
 )
 
 RELATIVE = ("rope", "alibi")  # encodings under which attention depends on distances only
-
-
-class KVCache:
-    """Keys and values of every layer for incremental decoding, one slot per position of the context.
-
-    Position p lives in slot p % max_len, so once the cache is full each new position overwrites the oldest one:
-    with relative positions (RoPE, ALiBi) the window rolls forward without re-encoding anything.
-    """
-
-    def __init__(
-        self,
-        n_layer: int,
-        batch: int,
-        n_head: int,
-        max_len: int,
-        head_dim: int,
-        device: torch.device,
-        dtype: torch.dtype,
-    ):
-        shape = (n_layer, batch, n_head, max_len, head_dim)
-        self.k = torch.zeros(shape, device=device, dtype=dtype)
-        self.v = torch.zeros(shape, device=device, dtype=dtype)
-        self.pos = torch.zeros(max_len, dtype=torch.long, device=device)  # the position held in each slot
-        self.max_len = max_len
-        self.length = 0  # the next position (0: empty)
-
-    def reset(self) -> None:
-        self.length = 0
-
-    def advance(self, pos: torch.Tensor, next_position: int) -> None:
-        """Once per forward, before the layers: claim the slots of this step's positions (T,)."""
-        if self.length and len(pos) != 1:
-            raise ValueError("a non-empty KV cache takes one new position at a time")
-        self.prefill = self.length == 0
-        kept = pos[-self.max_len :]
-        self.slots = kept % self.max_len
-        self.pos[self.slots] = kept
-        self.step_pos = pos
-        self.length = next_position
-
-    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Store this step's (B, nh, T, hd) keys/values; return the keys, values and positions to attend to."""
-        kept = len(self.slots)
-        self.k[layer].index_copy_(2, self.slots, k[:, :, -kept:])
-        self.v[layer].index_copy_(2, self.slots, v[:, :, -kept:])
-        if self.prefill:  # a first chunk attends to itself (all of it, even beyond max_len)
-            return k, v, self.step_pos
-        filled = min(self.length, self.max_len)
-        return self.k[layer, :, :, :filled], self.v[layer, :, :, :filled], self.pos[:filled]
 
 
 def explicit_attention(
@@ -122,7 +74,9 @@ class CausalSelfAttention(nn.Module):
         self.register_buffer("slopes", slopes, persistent=False)
         self.qk_norm = config.qk_norm  # parameter-free RMS norm of q and k per head (bounded scores)
 
-    def forward(self, x: torch.Tensor, pos: torch.Tensor, cache: KVCache | None = None, layer: int = 0) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, pos: torch.Tensor, cache: KVCache | RowCache | None = None, layer: int = 0
+    ) -> torch.Tensor:
         B, T, C = x.shape
         q, k, v = self.qkv(x).view(B, T, 3, self.n_head, C // self.n_head).permute(2, 0, 3, 1, 4)  # 3 x (B, nh, T, hd)
         if self.qk_norm:
@@ -146,7 +100,7 @@ class CausalSelfAttention(nn.Module):
         dropout = self.dropout if self.training else 0.0
         if self.slopes is None and T == S and self.window >= T:  # training, or a first chunk within the window
             return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True)
-        if self.slopes is None and T == 1:  # one new position: every cached key is in its window
+        if self.slopes is None and T == 1 and k_pos.dim() == 1:  # one new position, every cached key in its window
             return F.scaled_dot_product_attention(q, k, v)
         mask = attention_mask(q_pos, k_pos, self.window, self.slopes, q.dtype)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)
@@ -163,7 +117,9 @@ class Block(nn.Module):
         self.ln_2 = make_norm(config)
         self.mlp = feed_forward(config)  # dense, or a mixture of experts
 
-    def forward(self, x: torch.Tensor, pos: torch.Tensor, cache: KVCache | None = None, layer: int = 0) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, pos: torch.Tensor, cache: KVCache | RowCache | None = None, layer: int = 0
+    ) -> torch.Tensor:
         if self.pre:
             x = x + self.attn(self.ln_1(x), pos, cache, layer)
             return x + self.mlp(self.ln_2(x))
@@ -227,23 +183,27 @@ class GPT(nn.Module):
         self,
         idx: torch.Tensor,
         targets: torch.Tensor | None = None,
-        cache: KVCache | None = None,
+        cache: KVCache | RowCache | None = None,
         start_pos: int = 0,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Logits (B, T, V) and, with targets, the mean cross-entropy.
 
-        Positions start at start_pos, or continue the cached text. Absolute encodings allow at most block_size
-        positions; relative ones any number, each position attending to the block_size - 1 before it.
+        Positions start at start_pos, or continue the cached text (a RowCache: each row's own text). Absolute
+        encodings allow at most block_size positions; relative ones any number, each position attending to the
+        block_size - 1 before it.
         """
         _, T = idx.shape
-        first = cache.length if cache is not None and cache.length else start_pos
-        if not self.relative_positions and first + T > self.config.block_size:
-            raise ValueError(
-                f"sequence of length {first + T} is longer than the model's block_size {self.config.block_size}"
-            )
-        pos = torch.arange(first, first + T, device=idx.device)
-        if cache is not None:
-            cache.advance(pos, first + T)
+        if isinstance(cache, RowCache):  # serving: each row continues its own text at its own position
+            pos = cache.begin_step(T)  # (B, 1)
+        else:
+            first = cache.length if cache is not None and cache.length else start_pos
+            if not self.relative_positions and first + T > self.config.block_size:
+                raise ValueError(
+                    f"sequence of length {first + T} is longer than the model's block_size {self.config.block_size}"
+                )
+            pos = torch.arange(first, first + T, device=idx.device)  # (T,)
+            if cache is not None:
+                cache.advance(pos, first + T)
         x = self.tok_emb(idx)  # (B, T, C)
         if self.embed_scale != 1.0:
             x = x * self.embed_scale
@@ -285,6 +245,10 @@ class GPT(nn.Module):
     def new_cache(self, batch: int, device: torch.device, dtype: torch.dtype = torch.float32) -> KVCache:
         c = self.config
         return KVCache(c.n_layer, batch, c.n_head, c.block_size, c.n_embd // c.n_head, device, dtype)
+
+    def new_row_cache(self, rows: int, device: torch.device, dtype: torch.dtype = torch.float32) -> RowCache:
+        c = self.config
+        return RowCache(c.n_layer, rows, c.n_head, c.block_size, c.n_embd // c.n_head, device, dtype)
 
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())

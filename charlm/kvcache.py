@@ -1,0 +1,120 @@
+"""Keys and values kept between decoding steps: one text at a time (KVCache), or many texts at their own positions
+decoded together (RowCache, for `charlm serve`)."""
+
+from __future__ import annotations
+
+import torch
+
+
+class KVCache:
+    """Keys and values of every layer for incremental decoding, one slot per position of the context.
+
+    Position p lives in slot p % max_len, so once the cache is full each new position overwrites the oldest one:
+    with relative positions (RoPE, ALiBi) the window rolls forward without re-encoding anything.
+    """
+
+    def __init__(
+        self,
+        n_layer: int,
+        batch: int,
+        n_head: int,
+        max_len: int,
+        head_dim: int,
+        device: torch.device,
+        dtype: torch.dtype,
+    ):
+        shape = (n_layer, batch, n_head, max_len, head_dim)
+        self.k = torch.zeros(shape, device=device, dtype=dtype)
+        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        self.pos = torch.zeros(max_len, dtype=torch.long, device=device)  # the position held in each slot
+        self.max_len = max_len
+        self.length = 0  # the next position (0: empty)
+
+    def reset(self) -> None:
+        self.length = 0
+
+    def advance(self, pos: torch.Tensor, next_position: int) -> None:
+        """Once per forward, before the layers: claim the slots of this step's positions (T,)."""
+        if self.length and len(pos) != 1:
+            raise ValueError("a non-empty KV cache takes one new position at a time")
+        self.prefill = self.length == 0
+        kept = pos[-self.max_len :]
+        self.slots = kept % self.max_len
+        self.pos[self.slots] = kept
+        self.step_pos = pos
+        self.length = next_position
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Store this step's (B, nh, T, hd) keys/values; return the keys, values and positions to attend to."""
+        kept = len(self.slots)
+        self.k[layer].index_copy_(2, self.slots, k[:, :, -kept:])
+        self.v[layer].index_copy_(2, self.slots, v[:, :, -kept:])
+        if self.prefill:  # a first chunk attends to itself (all of it, even beyond max_len)
+            return k, v, self.step_pos
+        filled = min(self.length, self.max_len)
+        return self.k[layer, :, :, :filled], self.v[layer, :, :, :filled], self.pos[:filled]
+
+
+class RowCache:
+    """Keys and values of up to `rows` independent texts, each at its own position: `charlm serve`'s running batch.
+
+    Row r's position p lives in slot p % max_len of row r, as in KVCache. A row is filled by copying a KVCache that
+    encoded one text (load_row); then every step takes one new character for each of the first `active` rows, so
+    texts of any lengths are decoded in one forward pass. Slots a row has not written hold EMPTY, a position so far
+    back that attention masks it out.
+    """
+
+    EMPTY = -(2**40)
+
+    def __init__(
+        self,
+        n_layer: int,
+        rows: int,
+        n_head: int,
+        max_len: int,
+        head_dim: int,
+        device: torch.device,
+        dtype: torch.dtype,
+    ):
+        shape = (n_layer, rows, n_head, max_len, head_dim)
+        self.k = torch.zeros(shape, device=device, dtype=dtype)
+        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        self.pos = torch.full((rows, max_len), self.EMPTY, dtype=torch.long, device=device)  # (R, L)
+        self.next_pos = torch.zeros(rows, dtype=torch.long, device=device)  # (R,) each row's next position
+        self.max_len = max_len
+        self.active = 0  # rows 0..active-1 take part in each step
+
+    def load_row(self, row: int, cache: KVCache | None) -> None:
+        """Row `row` takes over what `cache` (batch 1) encoded; None empties it (its next position is 0)."""
+        self.pos[row] = self.EMPTY
+        if cache is None or cache.length == 0:
+            self.next_pos[row] = 0
+            return
+        filled = min(cache.length, cache.max_len)
+        self.k[:, row], self.v[:, row] = cache.k[:, 0], cache.v[:, 0]
+        self.pos[row, :filled] = cache.pos[:filled]
+        self.next_pos[row] = cache.length
+
+    def move_row(self, source: int, target: int) -> None:
+        """Copy row `source` into row `target` (keeping the running rows packed at the front)."""
+        self.k[:, target], self.v[:, target] = self.k[:, source], self.v[:, source]
+        self.pos[target], self.next_pos[target] = self.pos[source], self.next_pos[source]
+
+    def begin_step(self, length: int) -> torch.Tensor:
+        """Once per forward, before the layers: each active row's position (B, 1), its slot claimed."""
+        if length != 1:
+            raise ValueError("a RowCache takes one new position per row at a time; encode prompts with a KVCache")
+        n = self.active
+        pos = self.next_pos[:n].clone()  # (B,)
+        self.rows = torch.arange(n, device=pos.device)
+        self.slots = pos % self.max_len
+        self.pos[self.rows, self.slots] = pos
+        self.next_pos[:n] += 1
+        return pos[:, None]  # (B, 1)
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Store this step's (B, nh, 1, hd) keys/values; return every slot's keys, values and positions (B, S)."""
+        n = self.active
+        self.k[layer, self.rows, :, self.slots] = k[:, :, 0]  # (B, nh, hd) into each row's own slot
+        self.v[layer, self.rows, :, self.slots] = v[:, :, 0]
+        return self.k[layer, :n], self.v[layer, :n], self.pos[:n]

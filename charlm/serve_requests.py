@@ -1,0 +1,157 @@
+"""What `charlm serve` accepts: its limits, and each request body checked field by field into one clear error.
+
+The completions fields are OpenAI's (https://platform.openai.com/docs/api-reference/completions); `top_k` is
+charlm's own. Fields OpenAI defines that charlm does not implement are accepted only at their neutral values, so a
+request never silently means something else here than there.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one server takes; each exceeded limit is a 4xx naming it (and its flag)."""
+
+    max_batch: int = 32  # completions decoded together (rows of the KV cache)
+    max_queue: int = 256  # completions waiting for a row
+    max_prompt: int = 8192  # characters in one prompt or scored text
+    max_tokens: int = 4096  # characters one completion may ask for
+    max_n: int = 16  # completions per request (prompts x n)
+    max_body: int = 1_000_000  # bytes in a request body
+
+
+class BadRequest(Exception):
+    """A request the server refuses: HTTP status, one-line message, and the offending field (OpenAI's `param`)."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+
+
+@dataclass
+class CompletionRequest:
+    model: str
+    prompts: list[str]
+    max_tokens: int
+    temperature: float
+    top_p: float
+    top_k: int | None
+    n: int
+    stop: list[str]
+    seed: int | None
+    stream: bool
+    logprobs: int | None
+    include_usage: bool
+
+
+# OpenAI fields charlm does not implement, and the value at which they change nothing.
+NEUTRAL: dict[str, Any] = {
+    "echo": False,
+    "best_of": 1,
+    "frequency_penalty": 0,
+    "presence_penalty": 0,
+    "suffix": None,
+    "logit_bias": {},
+}
+KNOWN = {"model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "n", "stop", "seed", "stream"}
+KNOWN |= {"logprobs", "stream_options", "user", *NEUTRAL}
+
+
+def _number(body: dict, name: str, default: Any, low: float, high: float, whole: bool) -> Any:
+    value = body.get(name, default)
+    if value is None:
+        return default
+    ok = isinstance(value, int) if whole else isinstance(value, (int, float))
+    if isinstance(value, bool) or not ok:
+        kind = "a whole number" if whole else "a number"
+        raise BadRequest(400, f"{name} must be {kind}, got {value!r}", name)
+    if not low <= value <= high:
+        raise BadRequest(400, f"{name} must be between {low} and {high}, got {value}", name)
+    return value
+
+
+def parse_completion(body: Any, limits: Limits) -> CompletionRequest:
+    """The completion a JSON body asks for, or BadRequest naming the first thing wrong with it."""
+    if not isinstance(body, dict):
+        raise BadRequest(400, "the request body must be a JSON object")
+    unknown = sorted(set(body) - KNOWN)
+    if unknown:
+        raise BadRequest(400, f"unknown field {unknown[0]!r}; the fields are OpenAI's completions fields and top_k")
+    for name, neutral in NEUTRAL.items():
+        if body.get(name) not in (None, neutral):
+            raise BadRequest(400, f"{name} is not supported by charlm serve (leave it out or at {neutral!r})", name)
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise BadRequest(400, "model is required: the name GET /v1/models lists", "model")
+    prompt = body.get("prompt", "\n")
+    prompts = [prompt] if isinstance(prompt, str) else prompt
+    if not isinstance(prompts, list) or not prompts or not all(isinstance(p, str) for p in prompts):
+        raise BadRequest(
+            400, "prompt must be a string or a non-empty list of strings (token ids are not taken)", "prompt"
+        )
+    for p in prompts:
+        if len(p) > limits.max_prompt:
+            raise BadRequest(
+                400,
+                f"a prompt has {len(p)} characters; the limit is {limits.max_prompt} (--max-prompt)",
+                "prompt",
+                "prompt_too_long",
+            )
+    max_tokens = _number(body, "max_tokens", 16, 1, limits.max_tokens, whole=True)
+    n = _number(body, "n", 1, 1, limits.max_n, whole=True)
+    if n * len(prompts) > limits.max_n:
+        raise BadRequest(
+            400,
+            f"{len(prompts)} prompts x n={n} is {n * len(prompts)} completions; the limit is "
+            f"{limits.max_n} per request (--max-n)",
+            "n",
+        )
+    stop = body.get("stop")
+    stops = [] if stop is None else [stop] if isinstance(stop, str) else stop
+    if not isinstance(stops, list) or len(stops) > 4 or not all(isinstance(s, str) and s for s in stops):
+        raise BadRequest(400, "stop must be a non-empty string or a list of at most 4 of them", "stop")
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise BadRequest(400, f"stream must be true or false, got {stream!r}", "stream")
+    options = body.get("stream_options") or {}
+    if not isinstance(options, dict) or not isinstance(options.get("include_usage", False), bool):
+        raise BadRequest(400, 'stream_options must be {"include_usage": true|false}', "stream_options")
+    top_k = _number(body, "top_k", None, 1, 1_000_000, whole=True)
+    seed = _number(body, "seed", None, -(2**63), 2**63 - 1, whole=True)
+    return CompletionRequest(
+        model=model,
+        prompts=prompts,
+        max_tokens=max_tokens,
+        temperature=_number(body, "temperature", 1.0, 0.0, 2.0, whole=False),
+        top_p=_number(body, "top_p", 1.0, 0.0, 1.0, whole=False) or 1e-9,  # 0 keeps only the most likely character
+        top_k=top_k,
+        n=n,
+        stop=stops,
+        seed=seed,
+        stream=stream,
+        logprobs=_number(body, "logprobs", None, 0, 5, whole=True),
+        include_usage=bool(options.get("include_usage", False)),
+    )
+
+
+def parse_text(body: Any, limits: Limits, field: str = "text") -> str:
+    """The text of a /v1/score or /v1/attention body."""
+    if not isinstance(body, dict):
+        raise BadRequest(400, "the request body must be a JSON object")
+    unknown = sorted(set(body) - {field, "model"})
+    if unknown:
+        raise BadRequest(400, f"unknown field {unknown[0]!r}; this endpoint takes {field!r} (and model)")
+    text = body.get(field)
+    if not isinstance(text, str) or not text:
+        raise BadRequest(400, f"{field} must be a non-empty string", field)
+    if len(text) > limits.max_prompt:
+        raise BadRequest(
+            400,
+            f"{field} has {len(text)} characters; the limit is {limits.max_prompt} (--max-prompt)",
+            field,
+            "prompt_too_long",
+        )
+    return text

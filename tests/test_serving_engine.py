@@ -1,0 +1,113 @@
+"""charlm serve's engine: texts of different lengths decoded together in one RowCache batch must give exactly what
+each gives alone through generate.py's loop (greedy), for every positional encoding and across the context edge."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from charlm.config import ModelConfig
+from charlm.generate import generate_ids
+from charlm.model import GPT
+from charlm.serving import Completion, Engine, QueueFull
+from charlm.tokenizer import CharTokenizer
+
+BLOCK = 16
+VOCAB = [chr(ord("a") + i) for i in range(26)] + list(" .,;:!?\n'-ABCDEF")[:14]
+
+
+def model(pos_encoding: str, seed: int = 0) -> GPT:
+    torch.manual_seed(seed)
+    config = ModelConfig(n_layer=2, n_head=2, n_embd=32, block_size=BLOCK, dropout=0.0, pos_encoding=pos_encoding)
+    return GPT(config, len(VOCAB)).eval()
+
+
+def alone(m: GPT, prompt: list[int], n: int) -> list[int]:
+    steps = generate_ids(m, prompt, n, 1, lambda logits: logits.argmax(-1))
+    return torch.stack(list(steps), 1)[0].tolist()
+
+
+class Collector:
+    """Gathers what the engine emits for one completion, as the HTTP side would."""
+
+    def __init__(self, tokenizer: CharTokenizer):
+        self.tokenizer, self.text, self.reason, self.done = tokenizer, [], None, threading.Event()
+
+    def __call__(self, kind: str, value) -> None:
+        if kind == "text":
+            self.text.append(value.text)
+        else:
+            self.reason = value
+            self.done.set()
+
+
+def completion(prompt: list[int], n: int, collector: Collector, **options) -> Completion:
+    settings = {"temperature": 0.0, "top_k": None, "top_p": 1.0, "stop": [], "seed": 0, "logprobs": None}
+    settings.update(options)
+    return Completion(prompt, n, emit=collector, **settings)
+
+
+@pytest.mark.parametrize("pos_encoding", ["rope", "learned", "alibi", "sinusoidal"])
+def test_batched_greedy_equals_each_text_alone(pos_encoding):
+    m, tok = model(pos_encoding), CharTokenizer(VOCAB)
+    rng = torch.Generator().manual_seed(1)
+    lengths = [1, 5, BLOCK - 1, BLOCK, BLOCK + 7, 3 * BLOCK]
+    prompts = [torch.randint(len(VOCAB), (n,), generator=rng).tolist() for n in lengths]
+    news = [3, 5 * BLOCK, BLOCK, 2 * BLOCK + 3, 7, 4 * BLOCK]  # different lengths: rows leave at different steps
+    engine = Engine(m, tok, max_batch=4, max_queue=16)  # fewer rows than texts: the last two wait, then join
+    try:
+        collectors = [Collector(tok) for _ in prompts]
+        engine.submit([completion(p, n, c) for p, n, c in zip(prompts, news, collectors, strict=True)])
+        for c in collectors:
+            assert c.done.wait(60)
+    finally:
+        engine.stop()
+    for prompt, n, c in zip(prompts, news, collectors, strict=True):
+        assert "".join(c.text) == tok.decode(alone(m, prompt, n)), (len(prompt), n)
+        assert c.reason == "length"
+
+
+def test_stop_string_ends_the_text_and_is_left_out():
+    m, tok = model("rope"), CharTokenizer(VOCAB)
+    prompt = tok.encode("the ")
+    full = tok.decode(alone(m, prompt, 60))
+    stop = full[20:23]  # a string the greedy text is known to contain
+    engine = Engine(m, tok, max_batch=2, max_queue=4)
+    try:
+        c = Collector(tok)
+        engine.submit([completion(prompt, 60, c, stop=[stop])])
+        assert c.done.wait(30)
+    finally:
+        engine.stop()
+    assert c.reason == "stop" and "".join(c.text) == full[: full.index(stop)]
+
+
+def test_a_cancelled_completion_gives_its_row_back():
+    m, tok = model("rope"), CharTokenizer(VOCAB)
+    engine = Engine(m, tok, max_batch=1, max_queue=4)
+    try:
+        endless, quick = Collector(tok), Collector(tok)
+        first = completion(tok.encode("a"), 10**6, endless)
+        engine.submit([first, completion(tok.encode("b"), 5, quick)])
+        first.cancelled.set()  # the client went away
+        assert quick.done.wait(30) and len("".join(quick.text)) == 5
+        assert not endless.done.is_set()
+        assert engine.load()["running"] == 0
+    finally:
+        engine.stop()
+
+
+def test_the_queue_limit_refuses_all_or_nothing():
+    m, tok = model("rope"), CharTokenizer(VOCAB)
+    engine = Engine(m, tok, max_batch=1, max_queue=2)
+    try:
+        hold = threading.Event()
+        engine.call(hold.wait)  # keep the engine busy so nothing leaves the queue
+        engine.submit([completion([0], 1, Collector(tok)) for _ in range(2)])
+        with pytest.raises(QueueFull, match="--max-queue"):
+            engine.submit([completion([0], 1, Collector(tok))])
+        hold.set()
+    finally:
+        engine.stop()
