@@ -9,6 +9,7 @@ import math
 from dataclasses import asdict, dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from charlm.data import IGNORE, full_pass_windows, strided_windows, windows_at
@@ -96,3 +97,23 @@ def windows_total(
     total, count = _summed_loss(model, batches, device, amp_dtype)
     model.train(was_training)
     return total, count
+
+
+def surprisal(model: nn.Module, ids: list[int], block: int) -> list[float]:
+    """-ln p(token | up to `block` tokens before it) for every token after the first (nats), for the score view.
+
+    Windows overlap by half, and each token is scored in the window that gives it the most context.
+    """
+    stride = max(1, block // 2)
+    x = torch.tensor(ids, device=next(model.parameters()).device)
+    out = torch.empty(len(ids) - 1)
+    start = 0
+    while True:
+        window = x[start : start + block + 1]  # inputs window[:-1] predict window[1:]
+        logits = model(window[None, :-1])[0][0].float()  # (T, V)
+        nats = F.cross_entropy(logits, window[1:], reduction="none").cpu()  # (T,)
+        first_new = 0 if start == 0 else block - stride  # earlier targets were scored with more context
+        out[start + first_new : start + len(nats)] = nats[first_new:]
+        if start + block + 1 >= len(ids):
+            return out.tolist()
+        start += stride

@@ -42,3 +42,37 @@ def sample_next(
     logits = filter_top_p(logits, top_p)
     probs = torch.softmax(logits, dim=-1)
     return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(-1)
+
+
+def sample_rows(
+    logits: torch.Tensor,
+    generators: list[torch.Generator],
+    temperatures: list[float],
+    top_ks: list[int | None],
+    top_ps: list[float],
+) -> list[int]:
+    """Next ids of rows that each have their own options and generator (`charlm serve`'s running batch).
+
+    One batched pass over logits (B, V) instead of one sample_next per row; each row spends exactly one uniform draw
+    of its own generator, so its text depends on its seed alone. Top-k keeps exactly k characters (ties broken by
+    order); temperature 0 is argmax, as in sample_next.
+    """
+    V = logits.size(-1)
+    logits = logits.float()
+    temperature = torch.tensor(temperatures, device=logits.device)[:, None]  # (B, 1)
+    scaled = logits / temperature.clamp(min=1e-6)
+    ordered, order = torch.sort(scaled, dim=-1, descending=True)  # (B, V) each
+    rank = torch.arange(V, device=logits.device)  # (V,)
+    k = torch.tensor([V if top_k is None else top_k for top_k in top_ks], device=logits.device)[:, None]  # (B, 1)
+    ordered = ordered.masked_fill(rank >= k, float("-inf"))
+    probs = torch.softmax(ordered, dim=-1)
+    before = torch.cumsum(probs, dim=-1) - probs  # probability mass ranked above each character
+    drop = before >= torch.tensor(top_ps, device=logits.device)[:, None]
+    drop[:, 0] = False
+    probs = probs.masked_fill(drop, 0.0)
+    cdf = torch.cumsum(probs, dim=-1)  # (B, V)
+    draws = torch.cat([torch.rand(1, generator=g, device=logits.device) for g in generators])  # (B,)
+    chosen = torch.searchsorted(cdf, (draws * cdf[:, -1])[:, None], right=True).clamp(max=V - 1)  # (B, 1)
+    ids = order.gather(-1, chosen).squeeze(-1)  # (B,)
+    ids = torch.where(temperature[:, 0] == 0, logits.argmax(dim=-1), ids)
+    return ids.tolist()

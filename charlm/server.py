@@ -8,6 +8,7 @@ message is one line naming what is wrong; the server keeps serving.
 from __future__ import annotations
 
 import asyncio
+import collections
 import hmac
 import json
 import math
@@ -18,17 +19,40 @@ from contextlib import asynccontextmanager
 from importlib import resources
 from typing import Any
 
-import torch
-import torch.nn.functional as F
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from charlm.api import Model
 from charlm.errors import UsageError
+from charlm.evaluate import surprisal
 from charlm.serve_requests import BadRequest, CompletionRequest, Limits, parse_completion, parse_text
 from charlm.serving import Completion, Engine, Piece, QueueFull
 from charlm.tokenizer import UnknownPolicy
+
+
+class Mailbox:
+    """The engine thread's events handed to the event loop: one wake-up for all that arrived since the last one.
+
+    The engine emits a character for every running completion each step; waking the loop once per character
+    (call_soon_threadsafe) costs more than the step itself once a dozen clients stream.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.loop, self.waiting, self.scheduled = loop, collections.deque(), False  # type: ignore[var-annotated]
+
+    def post(self, queue: asyncio.Queue, item: Any) -> None:  # any thread
+        self.waiting.append((queue, item))
+        if not self.scheduled:
+            self.scheduled = True
+            self.loop.call_soon_threadsafe(self._deliver)
+
+    def _deliver(self) -> None:  # the event loop
+        self.scheduled = False  # before draining: a post from now on schedules another delivery
+        while self.waiting:
+            queue, item = self.waiting.popleft()
+            queue.put_nowait(item)
+
 
 PAGE_FILES = {"index.html": "text/html", "playground.js": "text/javascript", "playground.css": "text/css"}
 OPEN_PATHS = {"/health", "/", "/favicon.ico"}  # no key needed: the page's own files hold no model data
@@ -36,6 +60,31 @@ OPEN_PATHS = {"/health", "/", "/favicon.ico"}  # no key needed: the page's own f
 
 def error_body(message: str, param: str | None = None, code: str | None = None, kind: str = "invalid_request_error"):
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+class RequireKey:
+    """401 unless `Authorization: Bearer KEY`, except on /health and the page's files.
+
+    Plain ASGI rather than @app.middleware("http"), which would pass every streamed chunk through extra tasks.
+    """
+
+    def __init__(self, app: Any, key: str):
+        self.app, self.expected = app, f"Bearer {key}".encode()
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        path = scope.get("path", "")
+        if scope["type"] == "http" and path not in OPEN_PATHS and not path.startswith("/playground/"):
+            given = dict(scope["headers"]).get(b"authorization", b"")
+            if not hmac.compare_digest(given, self.expected):
+                what = "a wrong API key" if given else "no API key"
+                body = error_body(
+                    f"{what}: send the header 'Authorization: Bearer KEY' with the server's --api-key",
+                    kind="authentication_error",
+                    code="invalid_api_key",
+                )
+                await JSONResponse(body, status_code=401)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 def create_app(
@@ -48,12 +97,13 @@ def create_app(
 ) -> FastAPI:
     """The ASGI app serving `model`; its engine thread starts with the app and stops with it."""
     limits = limits or Limits()
-    state: dict[str, Engine] = {}
+    state: dict[str, Any] = {}
     created = int(model.path.stat().st_mtime) if model.path.exists() else int(time.time())
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         state["engine"] = Engine(model.module, model.tokenizer, limits.max_batch, limits.max_queue)
+        state["mailbox"] = Mailbox(asyncio.get_running_loop())
         try:
             yield
         finally:
@@ -72,20 +122,8 @@ def create_app(
             message += "; the endpoints are /v1/completions, /v1/models, /v1/score, /v1/attention, /health and /"
         return JSONResponse(error_body(message), status_code=e.status_code)
 
-    @app.middleware("http")
-    async def require_key(request: Request, call_next: Any) -> Response:
-        path = request.url.path
-        if api_key and path not in OPEN_PATHS and not path.startswith("/playground/"):
-            given = request.headers.get("authorization", "")
-            if not hmac.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
-                what = "a wrong API key" if given else "no API key"
-                body = error_body(
-                    f"{what}: send the header 'Authorization: Bearer KEY' with the server's --api-key",
-                    kind="authentication_error",
-                    code="invalid_api_key",
-                )
-                return JSONResponse(body, status_code=401)
-        return await call_next(request)
+    if api_key:
+        app.add_middleware(RequireKey, key=api_key)
 
     async def read_json(request: Request) -> Any:
         declared = request.headers.get("content-length")
@@ -148,10 +186,10 @@ def create_app(
         req = parse_completion(await read_json(request), limits)
         check_model(req.model)
         prompt_ids = [encode(p, "prompt") for p in req.prompts]
-        loop, events = asyncio.get_running_loop(), asyncio.Queue()  # type: ignore[var-annotated]
+        mailbox, events = state["mailbox"], asyncio.Queue()  # type: ignore[var-annotated]
 
         def emitter(index: int) -> Any:
-            return lambda kind, value: loop.call_soon_threadsafe(events.put_nowait, (index, kind, value))
+            return lambda kind, value: mailbox.post(events, (index, kind, value))
 
         jobs = [
             Completion(
@@ -187,7 +225,7 @@ def create_app(
         ids = encode(parse_text(body, limits), "text")
         if len(ids) < 2:
             raise BadRequest(400, "text needs at least 2 characters: the first one has nothing before it", "text")
-        nats = await on_engine(lambda: surprisal(model, ids))
+        nats = await on_engine(lambda: surprisal(model.module, ids, model.config.model.block_size))
         tokens = [model.tokenizer.decode([i]) for i in ids]
         mean = sum(nats) / len(nats)
         return {
@@ -231,24 +269,6 @@ def page_file(name: str) -> Response:
         raise BadRequest(404, f"no playground file {name!r}")
     text = resources.files("charlm").joinpath("playground").joinpath(name).read_text(encoding="utf-8")
     return Response(text, media_type=PAGE_FILES[name], headers={"Cache-Control": "no-cache"})
-
-
-def surprisal(model: Model, ids: list[int]) -> list[float]:
-    """-ln p(token | up to block_size tokens before it), for every token after the first (nats)."""
-    block = model.config.model.block_size
-    stride = max(1, block // 2)
-    x = torch.tensor(ids, device=model.device)
-    out = torch.empty(len(ids) - 1)
-    start = 0
-    while True:
-        window = x[start : start + block + 1]  # inputs window[:-1] predict window[1:]
-        logits = model.module(window[None, :-1])[0][0].float()  # (T, V)
-        nats = F.cross_entropy(logits, window[1:], reduction="none").cpu()  # (T,)
-        first_new = 0 if start == 0 else block - stride  # earlier targets were scored with more context
-        out[start + first_new : start + len(nats)] = nats[first_new:]
-        if start + block + 1 >= len(ids):
-            return out.tolist()
-        start += stride
 
 
 class Reply:
@@ -300,17 +320,20 @@ class Reply:
         try:
             remaining = len(self.jobs)
             while remaining:
-                index, kind, value = await events.get()
-                if kind == "error":
-                    remaining -= 1
-                    yield sse(error_body(value, kind="server_error"))
-                    continue
-                done = kind == "done"
-                remaining -= done
-                text = "" if done else value.text
-                lp = None if done else self.logprobs(index, value)
-                choice = {"text": text, "index": index, "logprobs": lp, "finish_reason": value if done else None}
-                yield sse(self.envelope([choice]))
+                chunks, ready = [], [await events.get()]
+                while not events.empty():  # all that is ready goes out in one write
+                    ready.append(events.get_nowait())
+                for index, kind, value in ready:
+                    remaining -= kind != "text"
+                    if kind == "error":
+                        chunks.append(sse(error_body(value, kind="server_error")))
+                        continue
+                    done = kind == "done"
+                    text = "" if done else value.text
+                    lp = None if done else self.logprobs(index, value)
+                    choice = {"text": text, "index": index, "logprobs": lp, "finish_reason": value if done else None}
+                    chunks.append(sse(self.envelope([choice])))
+                yield "".join(chunks)
             if self.req.include_usage:
                 yield sse({**self.envelope([]), "usage": self.usage()})
             yield "data: [DONE]\n\n"

@@ -25,7 +25,7 @@ import torch
 from charlm.errors import UsageError
 from charlm.generate import window_start
 from charlm.model import GPT
-from charlm.sampling import sample_next
+from charlm.sampling import sample_rows
 from charlm.tokenizer import StreamDecoder, Tokenizer
 
 Emit = Callable[[str, Any], None]  # ("text", Piece) / ("done", finish_reason) / ("error", message), thread-safe
@@ -191,8 +191,14 @@ class Engine:
         logits = self.module(last, cache=self.cache)[0][:, -1].float()  # (B, V)
         self.steps += 1
         finished: list[tuple[int, str]] = []
-        for row, c in enumerate(self.rows):
-            token = int(sample_next(logits[row : row + 1], c.generator, c.temperature, c.top_k, c.top_p))
+        tokens = sample_rows(
+            logits,
+            [c.generator for c in self.rows],  # type: ignore[misc]  # every joined row has one
+            [c.temperature for c in self.rows],
+            [c.top_k for c in self.rows],
+            [c.top_p for c in self.rows],
+        )
+        for row, (c, token) in enumerate(zip(self.rows, tokens, strict=True)):
             c.tokens.append(token)
             c.generated += 1
             reason = self._deliver(c, token, logits[row] if c.logprobs is not None else None)

@@ -2,7 +2,7 @@
 
 import torch
 
-from charlm.sampling import filter_top_k, filter_top_p, sample_next
+from charlm.sampling import filter_top_k, filter_top_p, sample_next, sample_rows
 
 LOGITS = torch.tensor([[1.0, 3.0, 2.0, 0.5], [0.0, -1.0, 4.0, 4.5]])
 
@@ -63,3 +63,40 @@ def test_low_temperature_sharpens():
     hot = sample_next(logits, gen(0), temperature=2.0).float().mean()
     cold = sample_next(logits, gen(0), temperature=0.2).float().mean()
     assert cold > hot
+
+
+# sample_rows: the server's running batch, every row with its own options and generator.
+
+
+def rows(n, temperature=1.0, top_k=None, top_p=1.0, seed=0):
+    return [gen(seed + i) for i in range(n)], [temperature] * n, [top_k] * n, [top_p] * n
+
+
+def test_rows_each_follow_their_own_options():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]])).expand(4, 4)
+    seen: list[set] = [set() for _ in range(4)]
+    for seed in range(300):
+        generators = [gen(seed * 4 + i) for i in range(4)]
+        ids = sample_rows(logits, generators, [0.0, 1.0, 1.0, 1.0], [None, 2, None, None], [1.0, 1.0, 0.8, 1.0])
+        for row, token in enumerate(ids):
+            seen[row].add(token)
+    assert seen == [{0}, {0, 1}, {0, 1}, {0, 1, 2, 3}]  # greedy; top-k 2; top-p 0.8; everything
+
+
+def test_a_rows_draws_depend_on_its_seed_alone():
+    logits = torch.zeros(3, 50)
+    generator = gen(5)
+    alone = [sample_rows(logits[:1], [generator], [1.0], [None], [1.0])[0] for _ in range(20)]
+    crowd_generators = [gen(9), gen(5), gen(11)]
+    options = ([1.0, 1.0, 0.7], [None, None, 3], [1.0, 1.0, 0.5])
+    in_a_crowd = [sample_rows(logits, crowd_generators, *options)[1] for _ in range(20)]
+    assert alone == in_a_crowd and len(set(alone)) > 5
+
+
+def test_row_draws_follow_the_distribution():
+    logits = torch.log(torch.tensor([[0.7, 0.2, 0.1]])).expand(20000, 3)
+    ids = torch.tensor(sample_rows(logits, *rows(20000)))
+    counts = torch.bincount(ids, minlength=3) / 20000
+    assert torch.allclose(counts, torch.tensor([0.7, 0.2, 0.1]), atol=0.02)
+    hot = torch.tensor(sample_rows(logits, *rows(20000, temperature=3.0))).float().mean()
+    assert hot > ids.float().mean() + 0.2  # a higher temperature flattens

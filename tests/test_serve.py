@@ -300,3 +300,40 @@ def test_http_client_keeps_alive_across_requests(server):
         response = connection.getresponse()
         assert response.status == 200 and len(json.loads(response.read())["choices"][0]["text"]) == 5
     connection.close()
+
+
+def test_the_mailbox_delivers_everything_in_order_with_few_wake_ups():
+    import asyncio
+
+    from charlm.server import Mailbox
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        mailbox, queues = Mailbox(loop), [asyncio.Queue(), asyncio.Queue()]
+        wake_ups = 0
+        deliver = mailbox._deliver
+
+        def counted():
+            nonlocal wake_ups
+            wake_ups += 1
+            deliver()
+
+        mailbox._deliver = counted
+
+        def engine():  # another thread, as the engine is: 2 x 2,000 events in bursts
+            for i in range(2000):
+                mailbox.post(queues[0], i)
+                mailbox.post(queues[1], -i)
+
+        thread = threading.Thread(target=engine)
+        thread.start()
+        got: list[list[int]] = [[], []]
+        for q, out in zip(queues, got):
+            while len(out) < 2000:
+                out.append(await asyncio.wait_for(q.get(), 10))
+        thread.join()
+        return got, wake_ups
+
+    got, wake_ups = asyncio.run(main())
+    assert got == [list(range(2000)), [-i for i in range(2000)]]
+    assert wake_ups < 4000, wake_ups  # one per burst, not one per event
