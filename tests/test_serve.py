@@ -328,7 +328,7 @@ def test_the_mailbox_delivers_everything_in_order_with_few_wake_ups():
         thread = threading.Thread(target=engine)
         thread.start()
         got: list[list[int]] = [[], []]
-        for q, out in zip(queues, got):
+        for q, out in zip(queues, got, strict=True):
             while len(out) < 2000:
                 out.append(await asyncio.wait_for(q.get(), 10))
         thread.join()
