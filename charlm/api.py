@@ -14,24 +14,60 @@ from typing import Any
 import torch
 
 from charlm import config as cfg
+from charlm.api_arch import ArchMethods, _same_file
+from charlm.arch import AnyModel
 from charlm.checkpoint import Checkpoint
 from charlm.config import Config
 from charlm.data import Corpus, encode_compact
 from charlm.device import pick_device
+from charlm.encdec import EncoderDecoder
 from charlm.errors import UsageError
 from charlm.evaluate import EvalResult, full_pass
 from charlm.generate import SampleOptions, SampleResult, encode_prompt, sample
 from charlm.info import ModelInfo, model_info
 from charlm.loading import load_model_file
+from charlm.masked import EncoderOnly
 from charlm.model import GPT
 from charlm.tokenizer import Tokenizer, UnknownPolicy
 
 
-class Model:
-    """A trained model ready to use: `generate`, `evaluate`, `info`; `module` is the plain torch.nn.Module."""
+class Model(ArchMethods):
+    """A trained model ready to use: `generate` (a decoder) or `transduce` (an encoder-decoder), `evaluate`, `info`;
+    `module` is the plain torch.nn.Module."""
 
-    def __init__(self, module: GPT, tokenizer: Tokenizer, config: Config, path: Path):
+    def __init__(self, module: AnyModel, tokenizer: Tokenizer, config: Config, path: Path):
         self.module, self.tokenizer, self.config, self.path = module, tokenizer, config, path
+
+    def _wrong_arch(self, wanted: str) -> UsageError:
+        """A one-line error: this model's arch cannot do `wanted`; what it does instead."""
+        instead = {
+            "decoder": "it continues text: use generate() (charlm sample CKPT --prompt TEXT)",
+            "encoder-decoder": "it rewrites a source string: use transduce() (charlm sample CKPT --prompt SOURCE)",
+            "encoder": "it restores hidden characters: use fill() (charlm fill CKPT --prompt 'ROM_O')",
+        }[self.config.model.arch]
+        return UsageError(
+            f"{self.path} is a{'n' * (self.config.model.arch != 'decoder')} {self.config.model.arch} "
+            f"model, not {wanted}; {instead}"
+        )
+
+    @property
+    def decoder(self) -> GPT:
+        """The module as a decoder-only model, or a one-line error naming what this model does instead."""
+        if not isinstance(self.module, GPT):
+            raise self._wrong_arch("a decoder")
+        return self.module
+
+    @property
+    def encoder_decoder(self) -> EncoderDecoder:
+        if not isinstance(self.module, EncoderDecoder):
+            raise self._wrong_arch("an encoder-decoder")
+        return self.module
+
+    @property
+    def encoder(self) -> EncoderOnly:
+        if not isinstance(self.module, EncoderOnly):
+            raise self._wrong_arch("an encoder")
+        return self.module
 
     @classmethod
     def from_checkpoint(cls, ckpt: Checkpoint, device: str = "auto") -> Model:
@@ -60,7 +96,7 @@ class Model:
         self, prompt_ids: list[int], options: SampleOptions, on_text: Callable[[str], None] | None = None
     ) -> SampleResult:
         """Every sample of one batch, with timing (what `charlm sample` prints); on_text streams sample 0."""
-        return sample(self.module, self.tokenizer, prompt_ids, options, on_text=on_text)
+        return sample(self.decoder, self.tokenizer, prompt_ids, options, on_text=on_text)
 
     def generate(
         self,
@@ -103,6 +139,10 @@ class Model:
         test, all) defaults to val of the model's own corpus and to all of anything else. `stride` (1..block_size)
         overlaps the windows so that each scored token sees at least block_size - stride earlier ones.
         """
+        if isinstance(self.module, EncoderDecoder):
+            raise UsageError("an encoder-decoder is scored on pairs: use evaluate_pairs() (charlm eval does)")
+        if isinstance(self.module, EncoderOnly):
+            raise UsageError("an encoder is scored on hidden characters: use evaluate_masked() (charlm eval does)")
         own, data = self.config.data.path, self.config.data
         if text_or_path is None or _names_a_file(text_or_path):
             path = str(text_or_path if text_or_path is not None else own)
@@ -127,7 +167,7 @@ class Model:
         block_size = self.config.model.block_size
         if stride is not None and not 1 <= stride <= block_size:
             raise UsageError(f"--stride must be between 1 and the model's context ({block_size}), got {stride}")
-        result = full_pass(self.module, ids, block_size, self.device, batch_size, stride=stride)
+        result = full_pass(self.decoder, ids, block_size, self.device, batch_size, stride=stride)
         result.split, result.file, result.unit = split, corpus.source, self.tokenizer.unit
         return result
 
@@ -140,7 +180,8 @@ class Model:
                 f"{self.config.model.block_size}: shorten it"
             )
         x = torch.tensor([ids], device=self.device)
-        return self.module.attention_weights(x)[:, 0].float().cpu()  # (L, nh, T, T)
+        module = self.module if isinstance(self.module, EncoderOnly) else self.decoder  # an encoder's: full
+        return module.attention_weights(x)[:, 0].float().cpu()  # (L, nh, T, T)
 
     def info(self) -> ModelInfo:
         """Parameters per component and training FLOPs per token (`.to_dict()` for plain data)."""
@@ -158,12 +199,36 @@ def export(checkpoint: str | Path, out_dir: str | Path) -> list[Path]:
 
     ckpt = load_model_file(checkpoint)
     model = Model.from_checkpoint(ckpt, "cpu")
+    params = model.module.num_params()
+    scores: dict[str, Any] | None = None
+    if isinstance(model.module, EncoderDecoder):
+        from charlm.export import transducer_card
+        from charlm.pairs import PairCorpus
+
+        try:
+            corpus = PairCorpus.from_config(ckpt.config.data, ckpt.config.model.block_size, model.tokenizer)
+        except UsageError:  # the training pairs are not here: the card says so
+            card = transducer_card(ckpt, params, None, [], Path(out_dir))
+        else:
+            sources = [model.tokenizer.decode(s) for s, _ in corpus.val[:5]]
+            examples = list(zip(sources, model.transduce(sources), strict=True))
+            scores = model.evaluate_pairs().to_dict()
+            card = transducer_card(ckpt, params, scores, examples, Path(out_dir))
+        return write_export(ckpt, Path(out_dir), card)
+    if isinstance(model.module, EncoderOnly):
+        from charlm.export import encoder_card
+
+        try:
+            scores = model.evaluate_masked().to_dict()
+            example = model.fill("ROM_O AND JUL_ET")["text"] if {"R", "O"} <= set(model.tokenizer.chars) else ""
+        except UsageError:  # the training corpus is not here: the card says so
+            scores, example = None, ""
+        return write_export(ckpt, Path(out_dir), encoder_card(ckpt, params, scores, example, Path(out_dir)))
     try:
         scores = model.evaluate().to_dict()
     except UsageError:  # the training corpus is not here: the card says so
         scores = None
     sample_text = model.generate("\n", max_new_tokens=300, seed=1).strip("\n")
-    params = model.module.num_params()
     return write_export(ckpt, Path(out_dir), model_card(ckpt, params, scores, sample_text, Path(out_dir)))
 
 
@@ -186,13 +251,6 @@ def check_sample_options(config: Config, **given: Any) -> SampleOptions:
 
 def _names_a_file(value: str | Path) -> bool:
     return isinstance(value, Path) or ("\n" not in value and len(value) < 4096 and Path(value).exists())
-
-
-def _same_file(a: str | Path, b: str | Path) -> bool:
-    try:
-        return Path(a).resolve() == Path(b).resolve()
-    except OSError:
-        return False
 
 
 def train(

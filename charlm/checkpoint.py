@@ -14,10 +14,10 @@ from typing import Any
 
 import torch
 
+from charlm.arch import AnyModel, build_model
 from charlm.config import Config, config_from_dict
 from charlm.errors import UsageError
 from charlm.files import atomic_write
-from charlm.model import GPT
 from charlm.tokenizer import Tokenizer, make_tokenizer
 from charlm.version import __version__
 
@@ -91,9 +91,9 @@ class Checkpoint:
             ranks=s["ranks"],
         )
 
-    def build_model(self, device: torch.device | str = "cpu") -> GPT:
+    def build_model(self, device: torch.device | str = "cpu") -> AnyModel:
         """The model with its weights, refusing weights that do not fit the recorded shapes or are not finite."""
-        model = GPT(self.config.model, self.tokenizer.vocab_size)
+        model = build_model(self.config.model, self.tokenizer.vocab_size)
         weights = self.state["model"]
         if not isinstance(weights, dict):
             raise UsageError(f"checkpoint {self.path} is damaged: its model weights are not a state dict")

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
-from charlm import __version__, cli_inspect, cli_serve
+from charlm import __version__, cli_inspect, cli_sample, cli_serve
 from charlm.cli_support import (
     CHECKPOINT_HELP,
     DEVICE_HELP,
@@ -26,7 +25,6 @@ from charlm.cli_support import (
     print_json,
     remover_if_created,
     run_app,
-    write_flushed,
 )
 from charlm.errors import UsageError
 
@@ -67,8 +65,10 @@ def download(
     name: Annotated[
         Corpus,
         typer.Argument(
-            help="Which corpus: tinyshakespeare (1.1 MB), enwik8 (10^8 bytes of Wikipedia XML) or text8 (10^8 "
-            "cleaned characters); each archive's SHA-256 is pinned.",
+            help="Which corpus: tinyshakespeare (1.1 MB), enwik8 (10^8 bytes of Wikipedia XML), text8 (10^8 cleaned "
+            "characters) or cmudict (the CMU Pronouncing Dictionary as word<TAB>phonemes lines for data.format pairs: "
+            "comments stripped, first pronunciation of each word kept, alternates dropped, stress digits stripped: "
+            "the 39-phoneme task); each download's SHA-256 is pinned.",
             show_default=True,
         ),
     ] = Corpus.tinyshakespeare,
@@ -76,14 +76,15 @@ def download(
         Optional[str],
         typer.Option(
             help="http://, https:// or file:// URL of a mirror (it must hold the same bytes) or of another text. "
-            "Default: $CHARLM_DATA_URL (tinyshakespeare), $CHARLM_ENWIK8_URL, $CHARLM_TEXT8_URL, else the canonical "
-            "URL."
+            "Default: $CHARLM_DATA_URL (tinyshakespeare), $CHARLM_ENWIK8_URL, $CHARLM_TEXT8_URL, $CHARLM_CMUDICT_URL, "
+            "else the canonical URL."
         ),
     ] = None,
     dest: Annotated[
         Optional[Path],
         typer.Option(
-            help="Where to write the text. Default: data/tinyshakespeare.txt, data/enwik8 or data/text8.",
+            help="Where to write the text. Default: data/tinyshakespeare.txt, data/enwik8, data/text8 or "
+            "data/cmudict.tsv (the .zip or .dict fetched is kept beside it).",
             show_default=False,
         ),
     ] = None,
@@ -97,7 +98,7 @@ def download(
     ] = 4,
     timeout: Annotated[float, typer.Option(min=0.1, help="Seconds to wait for the server on each attempt.")] = 10.0,
 ) -> None:
-    """Fetch tiny-shakespeare (or enwik8, text8), check its pinned SHA-256, unzip; keeps a verified file."""
+    """Fetch tiny-shakespeare (or enwik8, text8, cmudict), check its pinned SHA-256, unzip or convert; keeps it."""
     from charlm import download as dl
     from charlm.progress import DownloadBar, stderr_console
 
@@ -244,18 +245,35 @@ def eval_(
     ] = None,
     device: DeviceOption = "auto",
     batch_size: Annotated[int, typer.Option(min=1, help="Windows per forward pass.")] = 64,
+    beam: Annotated[int, typer.Option(min=1, max=64, help="Encoder-decoder: decode with a beam of N.")] = 1,
     json_out: Annotated[
         bool,
         typer.Option("--json", help="Print one JSON object: loss, bpc, perplexity, chars, split, file, stride, unit."),
     ] = False,
 ) -> None:
-    """Score a checkpoint in one deterministic pass: nats and bits per character (per byte), perplexity."""
+    """Score a checkpoint in one deterministic pass: nats and bits per character (per byte), perplexity.
+
+    An encoder-decoder is scored on its pairs: target loss, exact match (word accuracy), character error rate and,
+    for space-separated targets, token error rate (phoneme error rate for G2P), decoding greedily or with --beam.
+    """
     needs_torch()
     from charlm.api import load
-    from charlm.report import print_eval_result
+    from charlm.report import print_eval_result, print_masked_result, print_transduction_result
 
     check_replacement(replace_with)
     model = load(checkpoint_path(checkpoint), device)  # a bad checkpoint is reported before a bad text
+    if model.config.model.arch == "encoder":
+        if stride is not None or beam != 1:
+            raise UsageError("--stride and --beam are not for an encoder: it is scored on hidden characters")
+        hidden = model.evaluate_masked(data, split.value if split else None)
+        return print_json(hidden.to_dict()) if json_out else print_masked_result(hidden)
+    if model.config.model.arch == "encoder-decoder":
+        if stride is not None:
+            raise UsageError("--stride slides windows over a text; an encoder-decoder is scored line by line")
+        scored = model.evaluate_pairs(data, split.value if split else None, beam, batch_size)
+        return print_json(scored.to_dict()) if json_out else print_transduction_result(scored)
+    if beam != 1:
+        raise UsageError("--beam is for encoder-decoder models")
     result = model.evaluate(
         Path(data) if data else None, split.value if split else None, unknown.value, replace_with, batch_size, stride
     )
@@ -265,119 +283,10 @@ def eval_(
         print_eval_result(result)
 
 
-# ---------------------------------------------------------------------------- sample
-
-
-@app.command("sample")
-def sample_(
-    checkpoint: Annotated[Optional[str], typer.Argument(help=CHECKPOINT_HELP, show_default=False)] = None,
-    prompt: Annotated[Optional[str], typer.Option(help="Text to continue. Default: a newline.")] = None,
-    prompt_file: Annotated[
-        Optional[str], typer.Option(help="Read the prompt from this UTF-8 file instead; - reads standard input.")
-    ] = None,
-    max_new_tokens: Annotated[
-        Optional[int],
-        typer.Option(min=0, help="Characters to generate per sample. Default: the checkpoint's sample.max_new_tokens."),
-    ] = None,
-    temperature: Annotated[
-        Optional[float], typer.Option(min=0.0, help="Softmax temperature; 0 = greedy (argmax).")
-    ] = None,
-    top_k: Annotated[
-        Optional[int], typer.Option(min=1, help="Keep only the K most likely characters (clamped to the vocabulary).")
-    ] = None,
-    top_p: Annotated[
-        Optional[float],
-        typer.Option(help="Nucleus: keep the smallest set of characters reaching probability P (0 < P <= 1)."),
-    ] = None,
-    seed: Annotated[
-        Optional[int], typer.Option(help="Same seed and options give the same text on the same device.")
-    ] = None,
-    num_samples: Annotated[int, typer.Option(min=1, max=1024, help="Samples generated together as one batch.")] = 1,
-    stop: Annotated[
-        Optional[list[str]],
-        typer.Option(help="End a sample at the first occurrence of this string (included). Repeatable."),
-    ] = None,
-    unknown: Annotated[Unknown, typer.Option(help="Prompt characters outside the vocabulary.")] = Unknown.error,
-    replace_with: Annotated[
-        Optional[str], typer.Option(help="Character used by --unknown replace. Default: space.")
-    ] = None,
-    device: DeviceOption = "auto",
-    stream: Annotated[
-        Optional[bool],
-        typer.Option(
-            "--stream/--no-stream", help="Print characters as they come (default: on a terminal, with one sample)."
-        ),
-    ] = None,
-    no_cache: Annotated[
-        bool, typer.Option("--no-cache", help="Recompute the whole window every step (slow; the reference path).")
-    ] = False,
-    json_out: Annotated[
-        bool,
-        typer.Option(
-            "--json",
-            help='Print one JSON object: {"samples": [...], "chars_per_s": ..., "replaced": N} (replaced: '
-            "characters a byte model produced that were not valid UTF-8, shown as U+FFFD).",
-        ),
-    ] = False,
-    interactive: Annotated[
-        bool,
-        typer.Option(
-            "--interactive",
-            "-i",
-            help="Load once, then continue prompt after prompt (/help lists the commands); without a terminal, one "
-            "prompt per input line.",
-        ),
-    ] = False,
-) -> None:
-    """Generate text from a checkpoint, continuing a prompt (KV-cached; temperature, top-k, top-p, stop strings)."""
-    needs_torch()
-    from charlm.api import check_sample_flags, check_sample_options, load
-    from charlm.data import read_prompt
-
-    if prompt is not None and prompt_file is not None:
-        raise UsageError("give --prompt or --prompt-file, not both")
-    if interactive and (prompt is not None or prompt_file is not None or json_out or num_samples != 1):
-        raise UsageError(
-            "--interactive reads its prompts from the keyboard: leave out --prompt, --prompt-file, --json and "
-            "--num-samples"
-        )
-    check_replacement(replace_with)
-    check_sample_flags(top_p=top_p, stop=stop)  # flag mistakes first, before looking for a checkpoint
-    model = load(checkpoint_path(checkpoint), device)  # a bad checkpoint is reported before a bad prompt
-    text = read_prompt(prompt_file) if prompt_file is not None else ("\n" if prompt is None else prompt)
-    options = check_sample_options(
-        model.config,
-        max_new_tokens=max_new_tokens,
-        temperature=temperature,
-        top_k=top_k,
-        top_p=top_p,
-        seed=seed,
-        stop=stop or [],
-        num_samples=num_samples,
-        use_cache=not no_cache,
-    )
-    if interactive:
-        from charlm.repl import run_repl
-
-        return run_repl(model, options, unknown.value, replace_with)
-    prompt_ids = model.encode_prompt(text, unknown.value, replace_with)
-    streaming = not json_out and num_samples == 1 and (stream if stream is not None else sys.stdout.isatty())
-    if streaming:
-        write_flushed(model.tokenizer.decode(prompt_ids))  # the prompt as the model sees it
-    result = model.sample(prompt_ids, options, on_text=write_flushed if streaming else None)
-    if json_out:
-        print_json({"samples": result.samples, "chars_per_s": result.chars_per_s, "replaced": result.replaced})
-    elif streaming:
-        sys.stdout.write("\n")
-    else:
-        for i, sample_text in enumerate(result.samples):
-            if num_samples > 1:
-                sys.stdout.write(f"--- sample {i + 1} ---\n")
-            sys.stdout.write(sample_text + "\n")
-
-
 # ---------------------------------------------------------------------------- info, attention, export, plot, config
 
+app.command("sample")(cli_sample.sample_)
+app.command()(cli_sample.fill)
 # Commands that look at a model or at settings live in cli_inspect.py; registered here, after the main four, so that
 # `charlm --help` lists them in this order.
 app.command()(cli_inspect.info)

@@ -4,6 +4,7 @@ the app in charlm/cli.py; like it, parsing and messages only)."""
 from __future__ import annotations
 
 import sys
+from enum import Enum
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -19,6 +20,14 @@ from charlm.cli_support import (
     print_json,
 )
 from charlm.errors import UsageError
+
+
+class Part(str, Enum):
+    """Which attention of an encoder-decoder `charlm attention` shows."""
+
+    cross = "cross"
+    encoder = "encoder"
+    decoder = "decoder"
 
 
 def info(
@@ -83,21 +92,35 @@ def attention(
         Optional[list[int]], typer.Option(help="Layer to show (repeatable; 0-based). Default: all.")
     ] = None,
     head: Annotated[Optional[list[int]], typer.Option(help="Head to show (repeatable; 0-based). Default: all.")] = None,
+    part: Annotated[
+        Optional[Part],
+        typer.Option(
+            help="Encoder-decoder: cross (target characters down, source across: the alignment), encoder or "
+            "decoder self-attention. Default: cross.",
+            show_default=False,
+        ),
+    ] = None,
     json_out: Annotated[
         bool,
         typer.Option(
             "--json",
             help='Print {"chars": [...], "layers": [...], "heads": [...], "weights": layers x heads x T x T} '
-            "instead of drawing.",
+            '(an encoder-decoder adds "part", "source", "target" and "key_chars") instead of drawing.',
         ),
     ] = False,
 ) -> None:
-    """Attention maps: one heatmap per layer and head, the prompt's characters along both axes."""
+    """Attention maps: one heatmap per layer and head, the prompt's characters along both axes.
+
+    For an encoder-decoder the prompt is a source: its greedy target is decoded, then --part picks the map.
+    """
     needs_torch()
     from charlm.api import load
-    from charlm.progress import stderr_console
 
     model = load(checkpoint_path(checkpoint), "cpu")
+    if model.config.model.arch == "encoder-decoder":
+        return _transduction_attention(model, prompt, output, layer, head, (part or Part.cross).value, json_out)
+    if part is not None:
+        raise UsageError("--part is for encoder-decoder models (a decoder has one self-attention)")
     weights = model.attention(prompt)  # (L, nh, T, T)
     layers = pick_indices("--layer", layer, weights.size(0))
     heads = pick_indices("--head", head, weights.size(1))
@@ -107,11 +130,38 @@ def attention(
         print_json({"chars": chars, "layers": layers, "heads": heads, "weights": picked.tolist()})
         return
     from charlm.plot import plot_attention
+    from charlm.progress import stderr_console
 
     plot_attention(weights, chars, layers, heads, output, f"attention of {model.path} on {prompt!r}")
     stderr_console().print(
         f"wrote {output} ({len(layers)} layers x {len(heads)} heads, {len(chars)} characters)", markup=False
     )
+
+
+def _transduction_attention(model, source: str, output: Path, layer, head, part: str, json_out: bool) -> None:
+    from charlm.plot import plot_attention
+    from charlm.progress import stderr_console
+
+    maps = model.transduction_attention(source)
+    weights = maps[part]  # (L, nh, rows, columns)
+    layers = pick_indices("--layer", layer, weights.size(0))
+    heads = pick_indices("--head", head, weights.size(1))
+    rows = maps["source"] if part == "encoder" else maps["target"]
+    columns = ["⟨start⟩", *maps["target"][:-1]] if part == "decoder" else maps["source"]  # the decoder's inputs
+    if json_out:
+        picked = weights[layers][:, heads].tolist()
+        shown = {"chars": rows, "key_chars": columns, "source": maps["source"], "target": maps["target"]}
+        print_json({"part": part, **shown, "layers": layers, "heads": heads, "weights": picked})
+        return
+    target = "".join(maps["target"][:-1])
+    title = f"{part} attention of {model.path}: {source!r} -> {target!r}"
+    named = {
+        "cross": ("target: the character written", "source character (attends to)"),
+        "encoder": ("source (attends from)", "source (attends to)"),
+        "decoder": ("target: the character written", "target so far (attends to)"),
+    }[part]
+    plot_attention(weights, rows, layers, heads, output, title, columns, named)
+    stderr_console().print(f"wrote {output} ({len(layers)} layers x {len(heads)} heads, {part})", markup=False)
 
 
 # ---------------------------------------------------------------------------- export

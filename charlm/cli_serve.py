@@ -61,6 +61,7 @@ def serve(
     console = stderr_console()
     listener = bind(host, port)
     model = load(checkpoint_path(checkpoint), device)
+    model.decoder  # noqa: B018  (an encoder-decoder is refused here, in one line, before serving)
     limits = Limits(max_batch, max_queue, max_prompt, max_tokens, max_n, max_body)
     app = create_app(model, limits, model_name, api_key or None, unknown.value, replace_with)
     bound_host, bound_port = listener.getsockname()[:2]

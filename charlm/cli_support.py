@@ -30,6 +30,7 @@ class Corpus(str, Enum):
     tinyshakespeare = "tinyshakespeare"
     enwik8 = "enwik8"
     text8 = "text8"
+    cmudict = "cmudict"
 
 
 class Split(str, Enum):

@@ -64,11 +64,29 @@ class DataConfig:
         lt=1.0,
     )
     test_size: int = documented(0, "exact tokens held out for testing (0 = use data.test_fraction)", ge=0)
+    format: Literal["text", "pairs"] = documented(
+        "text",
+        "text: one stream of characters; pairs: UTF-8 TSV, one source<TAB>target per line (model.arch: "
+        "encoder-decoder), split by lines after a seeded shuffle (val/test fractions and sizes count lines)",
+    )
+    skip_bad_lines: bool = documented(
+        False, "pairs: skip lines without exactly one tab, with an empty side or too long (else: refuse the file)"
+    )
 
 
 @dataclass
 class ModelConfig:
-    n_layer: int = documented(4, "number of Transformer blocks", ge=1)
+    arch: Literal["decoder", "encoder-decoder", "encoder"] = documented(
+        "decoder",
+        "decoder: a GPT continuing text; encoder-decoder: the original Transformer, rewriting a source string into "
+        "a target string (data.format: pairs); encoder: BERT-style, restoring hidden characters (charlm fill)",
+    )
+    n_layer: int = documented(4, "number of Transformer blocks (the decoder's, in an encoder-decoder)", ge=1)
+    n_encoder_layer: int = documented(0, "encoder blocks of an encoder-decoder (0 = as many as n_layer)", ge=0)
+    cross_attention: bool = documented(
+        True, "decoder blocks attend to the encoder's output (false only to show what it carries: then they cannot)"
+    )
+    share_embeddings: bool = documented(True, "encoder-decoder: source and target characters share one embedding")
     n_head: int = documented(4, "attention heads per block (must divide n_embd)", ge=1)
     n_embd: int = documented(128, "width of the residual stream", ge=1)
     block_size: int = documented(64, "context length in characters", ge=1)
@@ -293,10 +311,27 @@ def _check_ranges(config: Config) -> list[str]:
         errors.append(f"model.pos_encoding rope needs an even head size, but n_embd / n_head = {m.n_embd // m.n_head}")
     if m.n_experts and m.expert_top_k > m.n_experts:
         errors.append(f"model.expert_top_k ({m.expert_top_k}) must be at most model.n_experts ({m.n_experts})")
+    errors += _arch_problems(config)
     if config.train.max_steps == 0 and config.train.max_seconds == 0:
         errors.append("train.max_steps and train.max_seconds are both 0: set at least one limit")
     if not valid_device_name(config.train.device):
         errors.append(f"train.device: expected {DEVICE_NAMES}, got {config.train.device!r}")
+    return errors
+
+
+def _arch_problems(config: Config) -> list[str]:
+    m, d = config.model, config.data
+    if m.arch != "encoder-decoder":
+        return [f"data.format pairs needs model.arch encoder-decoder (not {m.arch})"] * (d.format == "pairs") + [
+            "model.n_experts: mixtures of experts are decoder-only (set it to 0)"
+        ] * (m.arch == "encoder" and m.n_experts > 0)
+    errors = []
+    if d.format != "pairs":
+        errors.append("model.arch encoder-decoder trains on source<TAB>target lines: set data.format=pairs")
+    if d.tokenizer != "char":
+        errors.append("data.tokenizer byte: pairs are read as characters (leave data.tokenizer at char)")
+    if m.n_experts:
+        errors.append("model.n_experts: the encoder-decoder has dense feed-forward layers only (set it to 0)")
     return errors
 
 

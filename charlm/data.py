@@ -73,7 +73,7 @@ def encode_compact(ids: list[int], vocab_size: int) -> torch.Tensor:
 SPLITS = ("train", "val", "test")
 
 
-def split_sizes(n: int, data: DataConfig, source: str) -> tuple[int, int, int]:
+def split_sizes(n: int, data: DataConfig, source: str, unit: str = "tokens") -> tuple[int, int, int]:
     """Tokens in train, val and test: test is the tail, val just before it, train the rest (in file order).
 
     Exact sizes win over fractions; with no test split this is nanoGPT's 90/10 split to the character.
@@ -82,7 +82,7 @@ def split_sizes(n: int, data: DataConfig, source: str) -> tuple[int, int, int]:
     n_val = data.val_size or n - int(n * (1 - data.val_fraction))
     if n_val + n_test >= n:
         raise UsageError(
-            f"{source} has {n:,} tokens, but its validation ({n_val:,}) and test ({n_test:,}) splits "
+            f"{source} has {n:,} {unit}, but its validation ({n_val:,}) and test ({n_test:,}) splits "
             "leave none for training; lower data.val_size/test_size or the fractions"
         )
     return n - n_val - n_test, n_val, n_test

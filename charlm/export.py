@@ -142,3 +142,106 @@ Files: `{WEIGHTS}` (weights only, safetensors), `{CONFIG}` (the configuration it
 {sample}
 ```
 """
+
+
+def transducer_card(
+    ckpt: Checkpoint, params: int, scores: dict[str, Any] | None, examples: list[tuple[str, str]], folder: Path
+) -> str:
+    """The model card of an encoder-decoder: its shape, its validation figures, and a few of its rewrites."""
+    m, t = ckpt.config.model, ckpt.config.train
+    data = data_name(ckpt)
+    quality = (
+        f"validation split of `{data}`, greedy: **exact match {100 * scores['exact_match']:.2f}%**, character error "
+        f"rate {100 * scores['char_error_rate']:.2f}%"
+        + (
+            f", token error rate {100 * scores['token_error_rate']:.2f}%"
+            if scores["token_error_rate"] is not None
+            else ""
+        )
+        + f"; target loss {scores['loss']:.4f} nats/char"
+        if scores
+        else f"not measured here: the training pairs `{data}` were not found at export time"
+    )
+    shape = (
+        f"{m.n_encoder_layer or m.n_layer} encoder + {m.n_layer} decoder layers, {m.n_head} heads, {m.n_embd} wide, "
+        f"context {m.block_size} characters"
+    )
+    parts = (
+        f"{m.pos_encoding} positions, {m.norm} ({m.norm_position}), {m.activation} feed-forward x{m.ffn_mult:g}, "
+        f"{'shared' if m.share_embeddings else 'separate'} source/target embeddings, "
+        f"{'tied' if m.tie_weights else 'untied'} head"
+    )
+    rows = "\n".join(f"{source}\t{target}" for source, target in examples) or "(no validation pairs at export time)"
+    return f"""# charlm character-level encoder-decoder
+
+An encoder-decoder Transformer rewriting a source string into a target string, over {ckpt.tokenizer.vocab_size}
+characters (ids 0, 1, 2: padding, start, end), trained with charlm on the pairs of `{data}`.
+
+| | |
+|---|---|
+| shape | {shape} |
+| parts | {parts} |
+| parameters | {params:,} |
+| training | {ckpt.step:,} steps of batch {t.batch_size} x {t.grad_accum}, {optimizer_name(t)} ({t.lr_schedule}) |
+| quality | {quality} |
+
+## Use it
+
+```bash
+charlm sample {folder} --prompt "SOURCE"            # greedy; --beam 5 for beam search
+charlm sample {folder} --prompt-file words.txt      # source<TAB>target for every line
+```
+
+```python
+import charlm
+model = charlm.load("{folder}")
+print(model.transduce("SOURCE", beam=5))
+```
+
+Files: `{WEIGHTS}` (weights only, safetensors), `{CONFIG}` (the configuration it was trained with),
+`{VOCAB}` (the characters, in id order). Loading never unpickles anything.
+
+## Some validation sources and what it makes of them (greedy)
+
+```text
+{rows}
+```
+"""
+
+
+def encoder_card(ckpt: Checkpoint, params: int, scores: dict[str, Any] | None, example: str, folder: Path) -> str:
+    """The model card of an encoder: its shape, how well it restores hidden characters, and a filled example."""
+    m, t = ckpt.config.model, ckpt.config.train
+    data = data_name(ckpt)
+    quality = (
+        f"validation split of `{data}`: **{100 * scores['accuracy']:.2f}% of hidden characters restored** (15% of "
+        f"each window hidden), loss {scores['loss']:.4f} nats per hidden character"
+        if scores
+        else f"not measured here: the training corpus `{data}` was not found at export time"
+    )
+    filled = f"\n`ROM_O AND JUL_ET` is filled as `{example}`.\n" if example else ""
+    return f"""# charlm character-level encoder
+
+An encoder-only Transformer (BERT's masked-character objective) over {ckpt.tokenizer.vocab_size} characters and a
+mask symbol, trained with charlm on `{data}`.
+
+| | |
+|---|---|
+| shape | {m.n_layer} layers, {m.n_head} heads, {m.n_embd} wide, context {m.block_size} characters |
+| training | {ckpt.step:,} steps of batch {t.batch_size} x {t.grad_accum}, {optimizer_name(t)} ({t.lr_schedule}) |
+| parameters | {params:,} |
+| quality | {quality} |
+{filled}
+## Use it
+
+```bash
+charlm fill {folder} --prompt "ROM_O AND JUL_ET"     # every _ filled at once, with the top candidates
+```
+
+```python
+import charlm
+print(charlm.load("{folder}").fill("ROM_O AND JUL_ET")["text"])
+```
+
+Files: `{WEIGHTS}` (weights only, safetensors), `{CONFIG}`, `{VOCAB}`. Loading never unpickles anything.
+"""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import cast
 
 import torch
 
@@ -56,8 +57,10 @@ def init_model(source: Checkpoint, config: Config, vocab_size: int, device: torc
     """A model of the source's shape holding its weights; rows for characters beyond its vocabulary stay as freshly
     initialised (call with the run's seed set, so they are reproducible)."""
     old_vocab = source.tokenizer.vocab_size
+    if source.config.model.arch != "decoder":
+        raise UsageError(f"--init-from needs a decoder (text) model; {source.path} is an {source.config.model.arch}")
     if vocab_size == old_vocab:
-        return source.build_model(device)
+        return cast(GPT, source.build_model(device))
     model = GPT(config.model, vocab_size)
     old = source.build_model("cpu").state_dict()
     fresh = model.state_dict()

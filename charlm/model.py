@@ -7,6 +7,7 @@ position, activation, feed-forward width, weight tying, biases. Their building b
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import cast
 
 import torch
@@ -47,6 +48,37 @@ def explicit_attention(
         scores = scores + mask  # ALiBi: -slope x distance, -inf outside the window
     weights = torch.softmax(scores.float(), dim=-1).to(q.dtype)  # (B, nh, T, S), each row sums to 1
     return dropout(weights) @ v, weights  # (B, nh, T, S) @ (B, nh, S, hd) -> (B, nh, T, hd)
+
+
+def init_weights(module: nn.Module, config: ModelConfig, depth: int) -> None:
+    """model.init for one module (every family's): gpt2 = N(0, 0.02), residual projections scaled by
+    1/sqrt(2 x depth) (depth: the blocks the residual stream passes), zero biases; torch keeps each layer's own
+    initialisation (zero_init_proj still zeroes the residual projections)."""
+    if config.init == "torch":
+        if config.zero_init_proj and isinstance(module, ResidualProjection):
+            nn.init.zeros_(module.weight)
+        return
+    if isinstance(module, nn.Linear):
+        std = 0.02
+        if isinstance(module, ResidualProjection):
+            std = 0.0 if config.zero_init_proj else std / math.sqrt(2 * depth)
+        nn.init.normal_(module.weight, mean=0.0, std=std)
+        if module.bias is not None:
+            nn.init.zeros_(module.bias)
+    elif isinstance(module, nn.Embedding):
+        nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+
+def recorded_attention(modules: list, forward: Callable[[], object]) -> list[torch.Tensor]:
+    """The attention weights each of `modules` computes during `forward()` (their `keep_weights` switched on)."""
+    for m in modules:
+        m.keep_weights = True
+    try:
+        forward()
+        return [cast(torch.Tensor, m.weights) for m in modules]
+    finally:
+        for m in modules:
+            m.keep_weights, m.weights = False, None
 
 
 class CausalSelfAttention(nn.Module):
@@ -163,21 +195,7 @@ class GPT(nn.Module):
         return self.config.pos_encoding in RELATIVE
 
     def _init_weights(self, module: nn.Module) -> None:
-        """model.init: gpt2 (below), or torch, which keeps each layer's own initialisation (zero_init_proj still
-        zeroes the residual projections)."""
-        if self.config.init == "torch":
-            if self.config.zero_init_proj and isinstance(module, ResidualProjection):
-                nn.init.zeros_(module.weight)
-            return
-        if isinstance(module, nn.Linear):
-            std = 0.02
-            if isinstance(module, ResidualProjection):
-                std = 0.0 if self.config.zero_init_proj else std / math.sqrt(2 * self.config.n_layer)
-            nn.init.normal_(module.weight, mean=0.0, std=std)
-            if module.bias is not None:
-                nn.init.zeros_(module.bias)
-        elif isinstance(module, nn.Embedding):
-            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+        init_weights(module, self.config, self.config.n_layer)
 
     def forward(
         self,
@@ -227,15 +245,7 @@ class GPT(nn.Module):
     @torch.no_grad()
     def attention_weights(self, idx: torch.Tensor) -> torch.Tensor:
         """Every layer's attention weights for a (B, T) input: (n_layer, B, n_head, T, T), rows summing to 1."""
-        layers = [block.attn for block in self.block_list]
-        for attn in layers:
-            attn.keep_weights = True
-        try:
-            self(idx)
-            return torch.stack([cast(torch.Tensor, attn.weights) for attn in layers])
-        finally:
-            for attn in layers:
-                attn.keep_weights, attn.weights = False, None
+        return torch.stack(recorded_attention([block.attn for block in self.block_list], lambda: self(idx)))
 
     @property
     def block_list(self) -> list[Block]:

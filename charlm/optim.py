@@ -84,16 +84,15 @@ def hidden_matrices(model: nn.Module) -> list[torch.Tensor]:
     Transformer blocks (Q/K/V, W_O, the feed-forward and every expert's), but not a mixture's router, which is a
     classifier over experts; embeddings, the output head, norms and biases stay with AdamW."""
     model = getattr(model, "module", model)  # DDP or torch.compile wrap the model; the roles are the same
-    blocks = getattr(model, "blocks", None)
-    if blocks is None:
-        return []
+    stacks = [getattr(model, name) for name in ("blocks", "encoder", "decoder") if hasattr(model, name)]
     routers = {id(m.router) for m in model.modules() if isinstance(m, MixtureOfExperts)}
-    return [m.weight for m in blocks.modules() if isinstance(m, nn.Linear) and id(m) not in routers]
+    return [m.weight for stack in stacks for m in stack.modules() if isinstance(m, nn.Linear) and id(m) not in routers]
 
 
 def _adamw_groups(named: list[tuple[str, torch.Tensor]], tc: TrainConfig) -> list[dict[str, Any]]:
     decayed = (lambda p: True) if tc.decay == "all" else (lambda p: p.dim() >= 2)
-    special = {"tok_emb.": tc.embed_lr, "pos_emb.": tc.embed_lr, "head.weight": tc.head_lr}
+    embeddings = ("tok_emb.", "pos_emb.", "src_emb.", "src_pos.")  # an encoder-decoder's source side too
+    special = {**{prefix: tc.embed_lr for prefix in embeddings}, "head.weight": tc.head_lr}
     groups: list[dict[str, Any]] = []
     for prefix, lr in special.items():
         params = [p for n, p in named if n.startswith(prefix)]

@@ -44,28 +44,38 @@ def shown_char(c: str) -> str:
     return {"\n": "⏎", " ": "·", "\t": "⇥"}.get(c, c)
 
 
-def plot_attention(weights, chars: list[str], layers: list[int], heads: list[int], output: Path, title: str) -> Path:
-    """A grid of heatmaps, one per (layer, head): query characters down, key characters across."""
+def plot_attention(
+    weights,
+    chars: list[str],
+    layers: list[int],
+    heads: list[int],
+    output: Path,
+    title: str,
+    key_chars: list[str] | None = None,
+    axes_named: tuple[str, str] = ("query (attends from)", "key (attends to)"),
+) -> Path:
+    """A grid of heatmaps, one per (layer, head): query characters down, key characters (default: the same) across."""
     plt = _pyplot()
-    T = len(chars)
+    key_chars = chars if key_chars is None else key_chars
+    T = max(len(chars), len(key_chars))
     cell = max(2.2, min(12.0, 0.14 * T + 1.5))  # inches per heatmap: room for T labels of at least 5 pt
     fig, axes = plt.subplots(
         len(layers), len(heads), figsize=(cell * len(heads), cell * len(layers)), squeeze=False, constrained_layout=True
     )
-    labels = [shown_char(c) for c in chars]
+    labels, key_labels = [shown_char(c) for c in chars], [shown_char(c) for c in key_chars]
     font = max(5, min(9, 360 // max(T, 1)))
     for r, layer in enumerate(layers):
         for c, head in enumerate(heads):
             ax = axes[r][c]
             image = ax.imshow(weights[layer, head].numpy(), cmap="viridis", vmin=0.0, vmax=1.0)
             ax.set_title(f"layer {layer}, head {head}", fontsize=9)
-            ax.set_xticks(range(T), labels, fontsize=font, family="monospace")
-            ax.set_yticks(range(T), labels, fontsize=font, family="monospace")
+            ax.set_xticks(range(len(key_labels)), key_labels, fontsize=font, family="monospace")
+            ax.set_yticks(range(len(labels)), labels, fontsize=font, family="monospace")
             ax.tick_params(length=0)
             if c == 0:
-                ax.set_ylabel("query (attends from)", fontsize=8)
+                ax.set_ylabel(axes_named[0], fontsize=8)
             if r == len(layers) - 1:
-                ax.set_xlabel("key (attends to)", fontsize=8)
+                ax.set_xlabel(axes_named[1], fontsize=8)
     fig.colorbar(image, ax=axes, shrink=0.6, label="attention weight")
     fig.suptitle(title, fontsize=10)
     output.parent.mkdir(parents=True, exist_ok=True)

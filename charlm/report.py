@@ -13,7 +13,9 @@ if TYPE_CHECKING:  # only for annotations: `charlm config --keys` must not impor
     from charlm.config_docs import KeyInfo
     from charlm.evaluate import EvalResult
     from charlm.info import ModelInfo
+    from charlm.masked import MaskedResult
     from charlm.run import TrainSummary
+    from charlm.transduce import TransductionResult
 
 
 def print_train_summary(summary: TrainSummary) -> None:
@@ -46,22 +48,57 @@ def print_eval_result(result: EvalResult) -> None:
     )
 
 
+def print_transduction_result(r: TransductionResult) -> None:
+    scored = f"all of {r.file}" if r.split == "all" else f"{r.split} split of {r.file}"
+    tokens = "" if r.token_error_rate is None else f", token error rate {100 * r.token_error_rate:.2f}%"
+    decoding = "greedy" if r.beam == 1 else f"beam {r.beam}"
+    stdout_console().print(
+        f"{scored}: {r.lines:,} lines; target loss {r.loss:.4f} nats/char ({r.bpc:.4f} bits); {decoding}: exact "
+        f"match {100 * r.exact_match:.2f}% (word error rate {100 * r.word_error_rate:.2f}%), character error rate "
+        f"{100 * r.char_error_rate:.2f}%{tokens}",
+        markup=False,
+    )
+
+
+def print_masked_result(r: MaskedResult) -> None:
+    scored = f"all of {r.file}" if r.split == "all" else f"{r.split} split of {r.file}"
+    stdout_console().print(
+        f"{scored}: {r.chars:,} hidden characters (15% of each window, the same every time): restored "
+        f"{100 * r.accuracy:.2f}%, loss {r.loss:.4f} nats/char ({r.bpc:.4f} bits)",
+        markup=False,
+    )
+
+
 def print_model_info(info: ModelInfo, title: str) -> None:
     table = Table(
         title=title,
         title_justify="left",
         caption_justify="left",
-        caption="d = n_embd, L = n_layer, T = block_size, V = vocabulary; N = matmul weights = "
-        "L·(attention + feed-forward) + d·V (embedding lookups cost no FLOPs)",
+        caption=(
+            "d = n_embd, Le/Ld = encoder/decoder layers, T = block_size, V = vocabulary; N = matmul weights = "
+            "Le·(attention + feed-forward) + Ld·(2·attention + feed-forward) + d·V (embedding lookups cost no FLOPs)"
+            if info.stacks and "encoder" in info.stacks
+            else "d = n_embd, L = n_layer, T = block_size, V = vocabulary; N = matmul weights = "
+            "L·(attention + feed-forward) + d·V (embedding lookups cost no FLOPs)"
+        ),
     )
     table.add_column("component")
     table.add_column("parameters", justify="right")
     table.add_column("formula")
+    stacks = info.stacks or {"layer": info.n_layer}
+    names = {"layer": ("layer", "n_layer"), "encoder": ("encoder layer", "Le"), "decoder": ("decoder layer", "Ld")}
     for row in info.rows:
-        name = f"  per layer: {row.component}" if row.per_layer else row.component
+        name = f"  per {names[row.stack][0]}: {row.component}" if row.per_layer else row.component
         table.add_row(name, f"{row.params:,}", row.formula)
-    per_layer = sum(r.params for r in info.rows if r.per_layer)
-    table.add_row(f"  all {info.n_layer} layers", f"{per_layer * info.n_layer:,}", "n_layer × (per-layer rows)")
+        if row.per_layer and row is [r for r in info.rows if r.stack == row.stack and r.per_layer][-1]:
+            per_layer = sum(r.params for r in info.rows if r.per_layer and r.stack == row.stack)
+            label, symbol = names[row.stack]
+            table.add_row(f"  one {label}", f"{per_layer:,}", "sum of the rows above") if row.stack != "layer" else None
+            table.add_row(
+                f"  all {stacks[row.stack]} {label}s",
+                f"{per_layer * stacks[row.stack]:,}",
+                f"{symbol} × (per-layer rows)",
+            )
     table.add_section()
     table.add_row("[bold]total[/bold]", f"[bold]{info.total_params:,}[/bold]", "sum of the rows (= sum of p.numel())")
     if info.active_params != info.total_params:

@@ -10,11 +10,12 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import torch
 
 from charlm import config as cfg
+from charlm.arch import build_model
 from charlm.checkpoint import RUNS_DIR, Checkpoint, load_checkpoint
 from charlm.config import Config
 from charlm.data import Corpus
@@ -22,11 +23,12 @@ from charlm.device import autocast_dtype, configure_backends, pick_device, seed_
 from charlm.distributed import Dist, setup, teardown
 from charlm.download import ensure_builtin_corpus
 from charlm.errors import UsageError
-from charlm.evaluate import full_pass
+from charlm.evaluate import EvalResult, full_pass
 from charlm.files import atomic_write, remove_stale_temps
 from charlm.finetune import finetune_config, finetune_tokenizer, init_model, load_source
+from charlm.masked import EncoderOnly, all_windows, masked_score
 from charlm.metrics import require_loggers
-from charlm.model import GPT
+from charlm.pairs import PairCorpus, pairs_total
 from charlm.progress import TrainReporter
 from charlm.trainer import StopRequest, Trainer, seed_for_rank
 
@@ -284,7 +286,14 @@ def _build(
     autocast_dtype(device, config.train.dtype)  # refuse an impossible dtype before loading anything
     require_loggers(config)
     # Every rank asks for the prepared corpus; a lock lets the first prepare it while the others wait, then map it.
-    if ckpt is not None:
+    corpus: Corpus | PairCorpus
+    if config.data.format == "pairs":
+        if source is not None:
+            raise UsageError("--init-from starts from a text model; an encoder-decoder run starts fresh or resumes")
+        hint = "a resumed run trains on lines made of its own characters"
+        tokenizer = ckpt.tokenizer if ckpt is not None else None
+        corpus = PairCorpus.from_config(config.data, config.model.block_size, tokenizer, reporter.info, hint)
+    elif ckpt is not None:
         corpus = Corpus.from_config(
             config.data,
             ckpt.tokenizer,
@@ -314,7 +323,7 @@ def _build(
         model = init_model(source, config, corpus.tokenizer.vocab_size, device)
         reporter.info(f"starting from the weights of {source.path} (fresh optimizer and schedule)")
     else:
-        model = GPT(config.model, corpus.tokenizer.vocab_size).to(device)
+        model = build_model(config.model, corpus.tokenizer.vocab_size).to(device)
     seed_everything(seed_for_rank(config.train.seed, dist.rank))  # then each rank its own dropout stream
     trainer = Trainer(config, model, corpus, device, out_dir, reporter, stop, dist)
     if ckpt:
@@ -334,14 +343,23 @@ def _summarize(trainer: Trainer, reason: str, wall_start: float) -> TrainSummary
     config, device = trainer.config, trainer.device
     best = load_checkpoint(trainer.out_dir / "best.pt").build_model(device)
     limit = config.train.final_eval_tokens
-    val = trainer.corpus.val[: limit + 1] if limit else trainer.corpus.val  # bounded on big corpora
-    full = full_pass(best, val, config.model.block_size, device, amp_dtype=trainer.amp_dtype)
+    if isinstance(trainer.corpus, PairCorpus):  # every validation line's target characters
+        total, count = pairs_total(best, trainer.corpus.val, device, amp_dtype=trainer.amp_dtype)
+        full, whole = EvalResult(total / count, count, "val", config.data.path), True
+    else:
+        val = trainer.corpus.val[: limit + 1] if limit else trainer.corpus.val  # bounded on big corpora
+        whole = len(val) == len(trainer.corpus.val)
+        if isinstance(best, EncoderOnly):  # every whole window of the split, its characters hidden alike
+            total, _, count = masked_score(best, val, all_windows(val, config.model.block_size), device)
+            full = EvalResult(total / max(count, 1), count, "val", config.data.path)
+        else:
+            full = full_pass(best, val, config.model.block_size, device, amp_dtype=trainer.amp_dtype)
     return TrainSummary(
         best_val_loss=trainer.best_val,
         full_val_loss=full.loss,
         full_val_bpc=full.bpc,
         full_val_tokens=full.chars,
-        full_val_whole=len(val) == len(trainer.corpus.val),
+        full_val_whole=whole,
         unit=trainer.corpus.tokenizer.unit,
         steps=trainer.step,
         tokens=trainer.tokens,
@@ -351,7 +369,7 @@ def _summarize(trainer: Trainer, reason: str, wall_start: float) -> TrainSummary
         compile_s=trainer.compile_s,
         tokens_per_s=trainer.tokens_per_s,
         stop_reason=reason,
-        params=cast(GPT, trainer.model).num_params(),
+        params=sum(p.numel() for p in trainer.model.parameters()),
         device=str(device),
         out_dir=str(trainer.out_dir),
         peak_memory_mb=peak_memory_mb(device),

@@ -102,7 +102,7 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        state["engine"] = Engine(model.module, model.tokenizer, limits.max_batch, limits.max_queue)
+        state["engine"] = Engine(model.decoder, model.tokenizer, limits.max_batch, limits.max_queue)
         state["mailbox"] = Mailbox(asyncio.get_running_loop())
         try:
             yield

@@ -25,8 +25,10 @@ from charlm.distributed import Dist
 from charlm.errors import CharlmError, Interrupted, UsageError, WorkError
 from charlm.evaluate import windows_total
 from charlm.files import atomic_write
+from charlm.masked import EncoderOnly, MaskedWindows, masked_score
 from charlm.metrics import MetricsLog
 from charlm.optim import make_optimizer
+from charlm.pairs import Pair, PairBatches, PairCorpus, pairs_total
 from charlm.progress import TrainReporter
 from charlm.schedule import LRSchedule
 
@@ -66,7 +68,7 @@ class Trainer:
         self,
         config: Config,
         model: nn.Module,
-        corpus: Corpus,
+        corpus: Corpus | PairCorpus,
         device: torch.device,
         out_dir: Path,
         reporter: TrainReporter,
@@ -82,18 +84,25 @@ class Trainer:
         self.schedule = LRSchedule(tc)
         self.scaler = torch.amp.GradScaler(device.type) if self.amp_dtype == torch.float16 else None
         self.metrics = MetricsLog(out_dir, config, enabled=self.dist.is_main)
-        T = config.model.block_size
-        self.sampler = RandomWindows(
-            corpus.train, T, tc.batch_size, device, seed=seed_for_rank(tc.seed, self.dist.rank)
-        )
-        # Fixed windows: every periodic evaluation scores the same text, so the plateau rule sees signal, not noise.
-        self.val_starts = fixed_windows(corpus.val, T, tc.eval_windows, seed=tc.seed + 1)
-        self.train_starts = fixed_windows(corpus.train, T, tc.eval_windows, seed=tc.seed + 2)
+        T, rank_seed = config.model.block_size, seed_for_rank(tc.seed, self.dist.rank)
+        self.sampler: RandomWindows | PairBatches
+        if isinstance(corpus, PairCorpus):  # pairs: the first eval_windows lines of each (shuffled) split
+            self.sampler = PairBatches(corpus.train, tc.batch_size, device, rank_seed)
+        else:
+            self.sampler = (
+                MaskedWindows(corpus.train, T, tc.batch_size, device, rank_seed, corpus.tokenizer.vocab_size)
+                if config.model.arch == "encoder"
+                else RandomWindows(corpus.train, T, tc.batch_size, device, rank_seed)
+            )
+            # Fixed windows: every periodic evaluation scores the same text, so the plateau rule sees signal.
+            self.val_starts = fixed_windows(corpus.val, T, tc.eval_windows, seed=tc.seed + 1)
+            self.train_starts = fixed_windows(corpus.train, T, tc.eval_windows, seed=tc.seed + 2)
         self.step = self.tokens = self.evals_since_best = 0
         self.best_val = math.inf
         self.elapsed_before = 0.0  # training seconds in earlier invocations
         self.train_s = self.eval_s = self.compile_s = 0.0  # this invocation's
         self.timed_tokens = 0  # tokens of the steps counted in train_s
+        self.step_tokens = 0  # tokens (target characters, for pairs) of this rank's last step
         self.lr = tc.lr
         self.run_start = time.perf_counter()  # reset when run() begins; time-based schedules count from it
         self.config_written = False
@@ -183,7 +192,7 @@ class Trainer:
         if self.stop.requested is not None and first:  # a stop asked for while the first step ran: nothing to keep
             raise self._stopped_before_training()
         self.stop.arm()
-        per_step_tokens = self.global_batch * self.config.model.block_size
+        per_step_tokens = self.step_tokens * self.dist.world_size  # pairs: rank 0's count stands for each rank's
         self.step += 1
         self.tokens += per_step_tokens
         if first and self.forward is not self.uncompiled:
@@ -213,8 +222,11 @@ class Trainer:
         tc = self.config.train
         self.optimizer.set_lr(self.lr)
         loss_sum = torch.zeros((), device=self.device)
+        self.step_tokens = 0
         for micro in range(tc.grad_accum):
-            x, y = self.sampler.next_batch()
+            x, y = self.sampler.next_batch()  # text: windows (B, T); pairs: (sources, BOS + targets)
+            inputs = x if isinstance(x, tuple) else (x,)
+            self.step_tokens += self.sampler.last_tokens if isinstance(self.sampler, PairBatches) else y.numel()
             sync = not self.dist.active or micro == tc.grad_accum - 1  # DDP all-reduces on the last micro-step only
             with (
                 contextlib.nullcontext()
@@ -222,7 +234,7 @@ class Trainer:
                 else cast(nn.parallel.DistributedDataParallel, self.uncompiled).no_sync()
             ):
                 with autocast(self.device, self.amp_dtype):
-                    _, loss = self.forward(x, y)
+                    _, loss = self.forward(*inputs, y)
                 loss = loss / tc.grad_accum
                 (self.scaler.scale(loss) if self.scaler else loss).backward()
             loss_sum += loss.detach()
@@ -254,13 +266,17 @@ class Trainer:
         """Score the fixed windows, log, checkpoint; True when early stopping should end the run."""
         t0 = time.perf_counter()
         tc = self.config.train
-        val_starts, train_starts = self.val_starts, self.train_starts
-        if tc.eval_sampling == "random":  # fresh windows, from the seed and the step: a resume draws the same ones
-            T, n = self.config.model.block_size, tc.eval_windows
-            val_starts = fixed_windows(self.corpus.val, T, n, seed=tc.seed + 3 + 2 * self.step)
-            train_starts = fixed_windows(self.corpus.train, T, n, seed=tc.seed + 4 + 2 * self.step)
-        val = self._windows_loss(self.corpus.val, val_starts)
-        train = self._windows_loss(self.corpus.train, train_starts)
+        if isinstance(self.corpus, PairCorpus):
+            val = self._pairs_loss(self.corpus.val[: tc.eval_windows])
+            train = self._pairs_loss(self.corpus.train[: tc.eval_windows])
+        else:
+            val_starts, train_starts = self.val_starts, self.train_starts
+            if tc.eval_sampling == "random":  # fresh windows from the seed and the step: a resume draws the same
+                T, n = self.config.model.block_size, tc.eval_windows
+                val_starts = fixed_windows(self.corpus.val, T, n, seed=tc.seed + 3 + 2 * self.step)
+                train_starts = fixed_windows(self.corpus.train, T, n, seed=tc.seed + 4 + 2 * self.step)
+            val = self._windows_loss(self.corpus.val, val_starts)
+            train = self._windows_loss(self.corpus.train, train_starts)
         if not (math.isfinite(val) and math.isfinite(train)):  # the last step left non-finite weights: save nothing
             raise WorkError(
                 f"loss became {val} at step {self.step} (evaluation); training stopped without saving, the last "
@@ -283,6 +299,12 @@ class Trainer:
     def _windows_loss(self, ids: torch.Tensor, starts: torch.Tensor) -> float:
         """Mean loss on fixed windows; under DDP each rank scores its share and the sums are added up."""
         d = self.dist
+        if isinstance(self.model, EncoderOnly):  # the loss of restoring hidden characters (hidden alike each time)
+            total, _, count = masked_score(
+                self.model, ids, starts[d.rank :: d.world_size], self.device, amp_dtype=self.amp_dtype
+            )
+            both = d.sum_(torch.tensor([total, float(count)], dtype=torch.float64, device=self.device))
+            return (both[0] / both[1]).item()
         total, count = windows_total(
             self.model,
             ids,
@@ -291,6 +313,13 @@ class Trainer:
             self.device,
             amp_dtype=self.amp_dtype,
         )
+        both = d.sum_(torch.tensor([total, float(count)], dtype=torch.float64, device=self.device))
+        return (both[0] / both[1]).item()
+
+    def _pairs_loss(self, pairs: list[Pair]) -> float:
+        """Mean loss per target character on fixed lines; under DDP each rank scores its share."""
+        d = self.dist
+        total, count = pairs_total(self.model, pairs[d.rank :: d.world_size], self.device, amp_dtype=self.amp_dtype)
         both = d.sum_(torch.tensor([total, float(count)], dtype=torch.float64, device=self.device))
         return (both[0] / both[1]).item()
 

@@ -7,6 +7,7 @@ import contextlib
 import hashlib
 import http.server
 import io
+import json
 import os
 import signal
 import subprocess
@@ -207,3 +208,40 @@ def tiny_checkpoint(tmp_path_factory, corpus) -> Path:
     run_dir = tmp_path_factory.mktemp("tiny-run")
     run_cli("train", *SMALL, "--data", corpus, "--out-dir", run_dir, "--max-steps", 60, check=True)
     return run_dir / "best.pt"
+
+
+@pytest.fixture
+def mirror():
+    """Start real loopback servers of given bytes (CorpusServer); all shut down after the test."""
+    servers = []
+
+    def serve(body: bytes) -> CorpusServer:
+        s = CorpusServer(body)
+        s.thread.start()
+        servers.append(s)
+        return s
+
+    yield serve
+    for s in servers:
+        s.httpd.shutdown()
+        s.httpd.server_close()
+
+
+def step_losses(run: Path) -> list[float]:
+    """Every logged step loss of a run folder's metrics.jsonl, in order."""
+    return [json.loads(line)["step_loss"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def assert_resume_is_exact(common: list, folder: Path, steps: int = 12) -> None:
+    """`charlm train COMMON` straight to `steps`, and to steps/2 then --resume: the same losses and weights."""
+    import torch
+
+    from charlm.checkpoint import load_checkpoint
+
+    run_cli(*common, "--out-dir", folder / "straight", "--max-steps", steps, "--quiet", check=True)
+    run_cli(*common, "--out-dir", folder / "split", "--max-steps", steps // 2, "--quiet", check=True)
+    run_cli("train", "--resume", "--out-dir", folder / "split", "--max-steps", steps, "--quiet", check=True)
+    assert step_losses(folder / "straight") == step_losses(folder / "split")
+    a = load_checkpoint(folder / "straight" / "last.pt").state["model"]
+    b = load_checkpoint(folder / "split" / "last.pt").state["model"]
+    assert all(torch.equal(a[k], b[k]) for k in a)

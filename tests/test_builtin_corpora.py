@@ -10,10 +10,8 @@ import random
 import zipfile
 from pathlib import Path
 
-import pytest
-
 from charlm.download import CORPORA
-from tests.conftest import CorpusServer, assert_one_line_error, run_cli
+from tests.conftest import assert_one_line_error, run_cli
 
 SMALL_MODEL = [
     "--set",
@@ -50,22 +48,6 @@ def _enwik8_like(n: int) -> bytes:
     words = ["<page>", "<title>", "Anarchism", "</title>", "[[", "]]", "the", "of", "&amp;", "{{cite}}", "\n"]
     body = b" ".join(rng.choice(words).encode() for _ in range(n // 5))
     return body[: n - 4] + b"\xff\xfe\xc3\x28"
-
-
-@pytest.fixture
-def mirror():
-    servers = []
-
-    def serve(body: bytes) -> CorpusServer:
-        s = CorpusServer(body)
-        s.thread.start()
-        servers.append(s)
-        return s
-
-    yield serve
-    for s in servers:
-        s.httpd.shutdown()
-        s.httpd.server_close()
 
 
 def test_the_download_command_offers_exactly_the_builtin_corpora():

@@ -216,3 +216,75 @@ def test_one_failing_rank_brings_the_job_down_quickly(tmp_path, corpus, sig):
     finally:
         if job.poll() is None:
             job.kill()
+
+
+def test_encoder_decoder_two_ranks_of_batch_b_equal_one_process_of_batch_2b(tmp_path):
+    from charlm.encdec import EncoderDecoder
+    from charlm.pairs import PairBatches, PairCorpus
+
+    data = tmp_path / "pairs.tsv"
+    data.write_text("".join(f"{w}\t{w[::-1]}\n" for w in ("abc", "bcad", "cabbd", "dd", "acdb") * 20))
+    batch = 4
+    sets = [f"train.batch_size={batch}", "train.warmup_steps=0", "train.lr=1e-2", "model.arch=encoder-decoder"]
+    sets += ["data.format=pairs", "model.n_layer=1", "model.n_embd=32", "model.block_size=16"]
+    args = [x for s in sets for x in ("--set", s)]
+    result = torchrun(
+        "train", "--config", "tiny", *args, "--data", data, "--out-dir", tmp_path / "ddp", "--max-steps", "1"
+    )
+    assert result.returncode == 0, result.stderr
+    ddp_weights = load_checkpoint(tmp_path / "ddp" / "last.pt").state["model"]
+
+    config = load_config("tiny", sets + [f"data.path={data}"])
+    corpus = PairCorpus.from_config(config.data, config.model.block_size)
+    seed_everything(config.train.seed)
+    model = EncoderDecoder(config.model, corpus.tokenizer.vocab_size)
+    half = [  # the batch each rank drew
+        PairBatches(corpus.train, batch, torch.device("cpu"), seed=seed_for_rank(config.train.seed, rank)).next_batch()
+        for rank in (0, 1)
+    ]
+    initial = model.tok_emb.weight.detach().clone()
+    optimizer = make_optimizer(model, config.train, torch.device("cpu"))
+    # DDP averages the ranks' mean losses (a mean over each rank's target characters): weigh each half as DDP does.
+    loss = sum(model(s, t, y)[1] for (s, t), y in half) / 2
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), config.train.grad_clip)
+    optimizer.step()
+    for name, value in model.state_dict().items():
+        assert torch.allclose(value, ddp_weights[name], atol=1e-6, rtol=1e-5), name
+    assert not torch.equal(model.tok_emb.weight, initial)  # the step did change the weights
+
+
+def test_encoder_two_ranks_of_batch_b_equal_one_process_of_batch_2b(tmp_path, corpus):
+    from charlm.masked import EncoderOnly, MaskedWindows
+
+    batch = 4
+    sets = [f"train.batch_size={batch}", "train.warmup_steps=0", "train.lr=1e-2", "model.arch=encoder"]
+    sets += ["model.n_layer=1", "model.n_embd=32", "model.block_size=16", "train.eval_windows=16"]
+    args = [x for s in sets for x in ("--set", s)]
+    out = tmp_path / "ddp"
+    result = torchrun("train", "--config", "tiny", *args, "--data", corpus, "--out-dir", out, "--max-steps", "1")
+    assert result.returncode == 0, result.stderr
+    ddp_weights = load_checkpoint(tmp_path / "ddp" / "last.pt").state["model"]
+
+    config = load_config("tiny", sets + [f"data.path={corpus}"])
+    text = Corpus.from_file(corpus, config.data.val_fraction)
+    seed_everything(config.train.seed)
+    model = EncoderOnly(config.model, text.tokenizer.vocab_size)
+    batches = [  # the hidden windows each rank drew, as one batch of 2B
+        MaskedWindows(
+            text.train,
+            config.model.block_size,
+            batch,
+            torch.device("cpu"),
+            seed_for_rank(config.train.seed, rank),
+            text.tokenizer.vocab_size,
+        ).next_batch()
+        for rank in (0, 1)
+    ]
+    optimizer = make_optimizer(model, config.train, torch.device("cpu"))
+    loss = sum(model(x, y)[1] for x, y in batches) / 2  # DDP averages each rank's mean over its hidden characters
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), config.train.grad_clip)
+    optimizer.step()
+    for name, value in model.state_dict().items():
+        assert torch.allclose(value, ddp_weights[name], atol=1e-6, rtol=1e-5), name

@@ -43,8 +43,9 @@ def test_marked_output_is_what_the_command_prints(doc, cmd, block):
     assert result.exit_code == 0, result.output
     info = json.loads(result.stdout)
     printed = {info["total_params"], info["flops_per_token"]} | {c["params"] for c in info["components"]}
-    per_layer = sum(c["params"] for c in info["components"] if c["per_layer"])
-    printed |= {per_layer * n for n in range(1, 100)}  # the "all L layers" row
+    for stack in {c.get("stack", "layer") for c in info["components"]}:  # an encoder-decoder has two
+        per_layer = sum(c["params"] for c in info["components"] if c["per_layer"] and c.get("stack", "layer") == stack)
+        printed |= {per_layer * n for n in range(1, 100)}  # the "one layer" and "all L layers" rows
     shown = {int(f.replace(",", "").strip()) for f in FIGURE.findall(block)}
     assert info["total_params"] in shown, f"{doc}: the total shown is not {info['total_params']:,}"
     assert shown <= printed, f"{doc}: {sorted(shown - printed)} are not what `charlm {cmd}` prints"

@@ -1,0 +1,321 @@
+"""The encoder-decoder (model.arch: encoder-decoder) on paired data: it learns a transduction that needs its
+cross-attention, decodes greedily and by beam, is scored, counted, resumed exactly, exported, and refused politely."""
+
+from __future__ import annotations
+
+import json
+import random
+import signal
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import assert_one_line_error, assert_resume_is_exact, run_cli
+
+import charlm
+from charlm.config import load_config
+from charlm.encdec import BOS, EOS, PAD, EncoderDecoder
+from charlm.errors import UsageError
+from charlm.info import model_info
+from charlm.pairs import pad_batch
+from charlm.transduce import DecodeOptions, beam_search, edit_distance, transduce
+
+PAIRS = ["--set", "model.arch=encoder-decoder", "--set", "data.format=pairs"]
+SHAPE = [
+    *PAIRS,
+    "--set",
+    "model.n_layer=2",
+    "--set",
+    "model.n_embd=64",
+    "--set",
+    "model.n_head=4",
+    "--set",
+    "model.block_size=16",
+    "--set",
+    "model.pos_encoding=learned",
+    "--set",
+    "train.batch_size=64",
+    "--set",
+    "train.warmup_steps=50",
+    "--set",
+    "train.eval_interval=100",
+]
+
+
+def reversal_file(path: Path, lines: int = 6000, seed: int = 0) -> Path:
+    """Random strings of 3 to 8 letters and their reversals: no target can be guessed without reading its source."""
+    r = random.Random(seed)
+    words = ["".join(r.choice("abcdefghij") for _ in range(r.randint(3, 8))) for _ in range(lines)]
+    path.write_text("".join(f"{w}\t{w[::-1]}\n" for w in words), encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def reversal(tmp_path_factory) -> Path:
+    return reversal_file(tmp_path_factory.mktemp("pairs") / "reverse.tsv")
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, reversal) -> tuple[Path, dict]:
+    run = tmp_path_factory.mktemp("encdec") / "run"
+    result = run_cli(
+        "train", *SHAPE, "--data", reversal, "--out-dir", run, "--max-steps", "600", "--set",
+        "train.max_seconds=55", "--quiet", "--json", check=True,
+    )  # fmt: skip
+    return run, json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def eval_json(run: Path, *args: str) -> dict:
+    return json.loads(run_cli("eval", run, "--json", *args, check=True).stdout)
+
+
+def test_reversal_is_learned_within_60_s_and_not_without_cross_attention(trained, reversal, tmp_path):
+    run, summary = trained
+    assert summary["wall_s"] <= 60
+    scored = eval_json(run)
+    assert scored["exact_match"] >= 0.99 and scored["lines"] == 600
+    blind = tmp_path / "blind"
+    run_cli(
+        "train", *SHAPE, "--data", reversal, "--out-dir", blind, "--max-steps", "600", "--set",
+        "train.max_seconds=55", "--set", "model.cross_attention=false", "--quiet", check=True,
+    )  # fmt: skip
+    assert eval_json(blind)["exact_match"] < 0.05  # the same decoder, not told the source, cannot
+
+
+def test_sample_rewrites_one_source_or_every_line_greedy_or_by_beam(trained, tmp_path):
+    run, _ = trained
+    assert run_cli("sample", run, "--prompt", "abcdefg", check=True).stdout == "gfedcba\n"
+    lines = tmp_path / "words.txt"
+    lines.write_text("hijab\n\nabc\r\n", encoding="utf-8")
+    out = run_cli("sample", run, "--prompt-file", lines, check=True).stdout
+    assert out == "hijab\tbajih\nabc\tcba\n"  # blank lines skipped, CRLF taken
+    by_beam = json.loads(run_cli("sample", run, "--prompt-file", lines, "--beam", "4", "--json", check=True).stdout)
+    assert by_beam == {
+        "targets": [{"source": "hijab", "target": "bajih"}, {"source": "abc", "target": "cba"}],
+        "beam": 4,
+    }
+    piped = run_cli("sample", run, "--prompt-file", "-", input="jihgf\n", check=True).stdout
+    assert piped == "jihgf\tfghij\n"
+
+
+def test_beam_search_is_no_worse_than_greedy_and_beam_1_is_greedy(trained):
+    run, _ = trained
+    greedy, beam = eval_json(run), eval_json(run, "--beam", "5")
+    assert beam["beam"] == 5 and beam["exact_match"] >= greedy["exact_match"] - 0.005
+    model = charlm.load(run)
+    sources = ["abc", "jihgfedc", "aaaa", "bacd"]
+    assert model.transduce(sources) == model.transduce(sources, beam=1) == [s[::-1] for s in sources]
+    ids = [model.encode_source(s) for s in sources]
+    module = model.encoder_decoder
+    for source, expected in zip(ids, transduce(module, ids, DecodeOptions()), strict=True):
+        assert beam_search(module, source, DecodeOptions(beam=3)) == expected
+
+
+def test_a_seeded_sampled_decode_repeats(trained):
+    model = charlm.load(trained[0])
+    a = model.transduce(["abcdef"] * 8, temperature=1.5, seed=3)
+    assert a == model.transduce(["abcdef"] * 8, temperature=1.5, seed=3)
+
+
+def test_the_wrong_methods_and_flags_are_one_line_errors(trained, tiny_checkpoint):
+    run, _ = trained
+    with pytest.raises(UsageError, match="transduce"):
+        charlm.load(run).generate("abc")
+    with pytest.raises(UsageError, match="generate"):
+        charlm.load(tiny_checkpoint).transduce("abc")
+    assert_one_line_error(run_cli("sample", run, "--prompt", "abc", "--num-samples", "2"), 2, "--num-samples")
+    assert_one_line_error(run_cli("sample", run), 2, "needs a source")
+    assert_one_line_error(run_cli("sample", run, "--prompt", "a" * 17), 2, "1 to 16 characters")
+    assert_one_line_error(run_cli("sample", run, "--prompt", "xyz"), 2, "not in the model's vocabulary")
+    assert_one_line_error(run_cli("sample", run, "--prompt", "abc", "--beam", "3", "--temperature", "1"), 2, "beam")
+    assert_one_line_error(run_cli("sample", tiny_checkpoint, "--beam", "2"), 2, "--beam is for encoder-decoder")
+    assert_one_line_error(run_cli("eval", run, "--stride", "4"), 2, "--stride")
+    assert_one_line_error(run_cli("serve", run, "--port", "0"), 2, "encoder-decoder")
+
+
+@pytest.mark.parametrize(
+    ("lines", "needle"),
+    [
+        ("abc\tcba\nabc\n", "1 without exactly one tab (line 2)"),
+        ("abc\tcba\na\tb\tc\n", "1 without exactly one tab (line 2)"),
+        ("abc\t\n\tx\nabc\tcba\n", "2 with an empty side (lines 1, 2)"),
+        ("abc\tcba\n" + "a" * 17 + "\tb\n", "1 longer than the context"),
+    ],
+)
+def test_bad_lines_are_counted_named_and_refused_or_skipped(tmp_path, lines, needle):
+    data = tmp_path / "pairs.tsv"
+    data.write_text(lines * 1 + "abc\tcba\n" * 40, encoding="utf-8")
+    result = run_cli("train", *SHAPE, "--data", data, "--out-dir", tmp_path / "run", "--max-steps", "2")
+    assert_one_line_error(result, 2, needle, "data.skip_bad_lines=true")
+    assert not (tmp_path / "run").exists()
+    skipped = run_cli(
+        "train", *SHAPE, "--data", data, "--out-dir", tmp_path / "run", "--max-steps", "2", "--set",
+        "data.skip_bad_lines=true",
+    )  # fmt: skip
+    assert skipped.returncode == 0, skipped.stderr
+    assert "skipping" in skipped.stderr + skipped.stdout
+
+
+@pytest.mark.parametrize(
+    ("sets", "needle"),
+    [
+        (["--set", "model.arch=encoder-decoder"], "data.format=pairs"),
+        (["--set", "data.format=pairs"], "needs model.arch encoder-decoder"),
+        ([*PAIRS, "--set", "data.tokenizer=byte"], "pairs are read as characters"),
+        ([*PAIRS, "--set", "model.n_experts=4"], "dense feed-forward"),
+    ],
+)
+def test_inconsistent_settings_are_refused_before_any_work(tmp_path, reversal, sets, needle):
+    result = run_cli("train", *sets, "--data", reversal, "--out-dir", tmp_path / "run", "--max-steps", "1")
+    assert result.returncode == 2 and needle in result.stderr and "Traceback" not in result.stderr
+
+
+def test_resume_is_exact_per_step_losses_and_final_weights(tmp_path, reversal):
+    common = ["train", *SHAPE, "--data", reversal, "--set", "train.eval_interval=3", "--set", "model.dropout=0.2"]
+    assert_resume_is_exact(common, tmp_path)
+
+
+def test_hostile_and_mismatched_checkpoints_are_refused(trained, tmp_path):
+    run, _ = trained
+    state = torch.load(run / "best.pt", weights_only=True)
+    state["config"]["model"]["arch"] = "decoder"  # encoder-decoder weights under a decoder's config
+    state["config"]["data"]["format"] = "text"
+    torch.save(state, tmp_path / "mismatch.pt")
+    assert_one_line_error(run_cli("sample", tmp_path / "mismatch.pt"), 2, "does not match its recorded model shape")
+    state = torch.load(run / "best.pt", weights_only=True)
+    state["model"]["decoder.0.cross.q.weight"][0, 0] = float("nan")
+    torch.save(state, tmp_path / "nan.pt")
+    assert_one_line_error(run_cli("eval", tmp_path / "nan.pt"), 2, "non-finite weights")
+
+
+def test_an_export_loads_and_rewrites_identically(trained, tmp_path):
+    pytest.importorskip("safetensors")
+    run, _ = trained
+    run_cli("export", run, tmp_path / "export", check=True)
+    card = (tmp_path / "export" / "README.md").read_text()
+    assert "encoder-decoder" in card and "exact match" in card
+    sources = ["abc", "jihgfedc", "bacd"]
+    original, exported = charlm.load(run), charlm.load(tmp_path / "export")
+    assert exported.transduce(sources, beam=3) == original.transduce(sources, beam=3)
+    for name, tensor in original.module.state_dict().items():
+        assert torch.equal(tensor, exported.module.state_dict()[name]), name
+
+
+def test_training_from_python_leaves_the_signal_handlers_alone(tmp_path, reversal):
+    def mine(signum, frame):
+        pass
+
+    before = {s: signal.signal(s, mine) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        overrides = {
+            "model.arch": "encoder-decoder",
+            "data.format": "pairs",
+            "model.block_size": 16,
+            "train.max_steps": 5,
+        }
+        summary = charlm.train("tiny", overrides, data=reversal, out_dir=tmp_path / "run", quiet=True)
+        assert summary["steps"] == 5
+        assert signal.getsignal(signal.SIGINT) is mine and signal.getsignal(signal.SIGTERM) is mine
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)
+
+
+# The parts, directly ---------------------------------------------------------------------------------------------
+
+
+def small(**changes) -> EncoderDecoder:
+    sets = [f"model.{k}={v}" for k, v in changes.items()]
+    config = load_config(None, ["model.arch=encoder-decoder", "data.format=pairs", "model.n_embd=32", *sets])
+    torch.manual_seed(0)
+    return EncoderDecoder(config.model, 20).eval()
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {},
+        {"norm_position": "post", "pos_encoding": "sinusoidal"},
+        {"share_embeddings": "false", "tie_weights": "false", "head_bias": "true", "n_encoder_layer": 3},
+        {"activation": "swiglu", "bias": "false", "norm": "rmsnorm", "pos_encoding": "rope"},
+        {"cross_attention": "false", "pos_encoding": "alibi"},
+    ],
+)
+def test_info_counts_every_parameter(changes):
+    model = small(**changes)
+    assert model_info(model.config, 20).total_params == sum(p.numel() for p in model.parameters())
+
+
+def test_info_gives_the_classic_base_models_counts():
+    base = ["model.arch=encoder-decoder", "data.format=pairs", "model.norm_position=pre", "model.activation=relu"]
+    base += ["model.n_layer=6", "model.n_embd=512", "model.n_head=8", "model.pos_encoding=sinusoidal"]
+    per_layer = model_info(load_config(None, base).model, 37000)
+    encoder_layer = sum(r.params for r in per_layer.rows if r.per_layer and r.stack == "encoder")
+    assert encoder_layer == 3_152_384  # the Pre-LN text's per-layer figure, biases included
+    assert per_layer.total_params == 63_084_544  # the paper's "65M": shared 37k vocabulary, tied head
+    separate = base + ["model.share_embeddings=false", "model.tie_weights=false", "model.head_bias=true"]
+    assert model_info(load_config(None, separate).model, 32000).total_params == 93_324_544  # nn.Transformer + 3 tables
+
+
+@pytest.mark.parametrize("pos_encoding", ["learned", "sinusoidal", "rope", "alibi"])
+def test_padding_changes_nothing_and_the_cache_matches_the_full_pass(pos_encoding):
+    model = small(pos_encoding=pos_encoding, dropout=0.0)
+    pairs = [([3, 4, 5], [6, 7]), ([8, 9, 10, 11, 12, 13], [14, 15, 16, 17])]
+    (src, tgt_in), _ = pad_batch(pairs, torch.device("cpu"))
+    with torch.no_grad():
+        together = model(src, tgt_in)[0]
+        alone = model(src[:1, :3], tgt_in[:1, :3])[0]
+        assert torch.allclose(together[0, :3], alone[0], atol=1e-5)  # the second row's padding is invisible
+        encoded, mask = model.encode(src)
+        memory, cache = model.memory(encoded), model.new_cache(2, torch.device("cpu"))
+        stepped = torch.cat([model.decode(tgt_in[:, t : t + 1], memory, mask, cache) for t in range(5)], dim=1)
+        assert torch.allclose(stepped, together, atol=1e-5)
+
+
+def test_attention_maps_cover_encoder_decoder_and_cross_with_padding_unseen():
+    model = small()
+    (src, tgt_in), _ = pad_batch([([3, 4, 5], [6, 7]), ([8, 9, 10, 11, 12], [14])], torch.device("cpu"))
+    maps = model.attention_weights(src, tgt_in)
+    L, nh = model.config.n_layer, model.config.n_head
+    assert maps["encoder"].shape == (L, 2, nh, 5, 5) and maps["decoder"].shape == (L, 2, nh, 3, 3)
+    assert maps["cross"].shape == (L, 2, nh, 3, 5)
+    for weights in maps.values():
+        assert torch.allclose(weights.sum(-1), torch.ones(weights.shape[:-1]), atol=1e-5)
+    assert (maps["cross"][:, 0, :, :, 3:] == 0).all() and (maps["encoder"][:, 0, :, :, 3:] == 0).all()
+    assert (maps["decoder"][:, :, :, 0, 1:] == 0).all()  # causal: the first target position sees itself alone
+    assert (maps["encoder"][:, 1] > 0).all()  # both ways: every real character sees every other
+
+
+def test_special_ids_and_edit_distance():
+    assert (PAD, BOS, EOS) == (0, 1, 2)
+    assert edit_distance(list("kitten"), list("sitting")) == 3
+    assert edit_distance(["K", "AE1", "T"], ["K", "AH0", "T", "S"]) == 2
+    assert edit_distance([], list("abc")) == 3
+
+
+def test_attention_command_shows_the_cross_attention_alignment(trained, tmp_path):
+    run, _ = trained
+    shown = json.loads(run_cli("attention", run, "--prompt", "abcdefgh", "--json", check=True).stdout)
+    assert shown["part"] == "cross" and shown["source"] == list("abcdefgh")
+    assert shown["chars"] == [*"hgfedcba", "⟨end⟩"] and shown["key_chars"] == list("abcdefgh")
+    weights = torch.tensor(shown["weights"])  # (L, nh, T, S)
+    assert weights.shape == (2, 4, 9, 8)
+    # reversing: somewhere in the last layer a head puts each written character's weight on its source letter
+    last = weights[-1]
+    aligned = (last[:, range(8), [7 - i for i in range(8)]] > 0.5).all(dim=-1)
+    assert aligned.any()
+    decoder = json.loads(run_cli("attention", run, "--prompt", "abc", "--part", "decoder", "--json").stdout)
+    assert (
+        decoder["key_chars"] == ["⟨start⟩", "c", "b", "a"] and torch.tensor(decoder["weights"])[0, 0, 0, 1:].eq(0).all()
+    )
+    png = run_cli("attention", run, "--prompt", "abcd", "--part", "encoder", "-o", tmp_path / "enc.png")
+    assert png.returncode == 0 and (tmp_path / "enc.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_muon_takes_both_stacks_matrices():
+    from charlm.optim import hidden_matrices
+
+    model = small()
+    # encoder blocks: Q, K/V, W_O, two feed-forward; decoder blocks: QKV, W_O, cross Q, K/V, W_O, two feed-forward
+    assert len(hidden_matrices(model)) == 5 * len(model.encoder) + 7 * len(model.decoder)
+    assert all(p.dim() == 2 for p in hidden_matrices(model))
