@@ -220,9 +220,12 @@ def export(checkpoint: str | Path, out_dir: str | Path) -> list[Path]:
 
         try:
             scores = model.evaluate_masked().to_dict()
-            example = model.fill("ROM_O AND JUL_ET")["text"] if {"R", "O"} <= set(model.tokenizer.chars) else ""
         except UsageError:  # the training corpus is not here: the card says so
-            scores, example = None, ""
+            scores = None
+        try:
+            example = model.fill("ROM_O AND JUL_ET")["text"]
+        except UsageError:  # characters it has never seen, or a context shorter than the example
+            example = ""
         return write_export(ckpt, Path(out_dir), encoder_card(ckpt, params, scores, example, Path(out_dir)))
     try:
         scores = model.evaluate().to_dict()

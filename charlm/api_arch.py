@@ -57,25 +57,32 @@ class ArchMethods:
         top_p: float = 1.0,
         seed: int | None = None,
         unknown: UnknownPolicy = "error",
+        replace_with: str | None = None,
     ) -> str | list[str]:
         """The target for a source (a list for a list): greedy by default, `beam` > 1 for beam search."""
         from charlm.transduce import DecodeOptions, transduce
 
         module = self.encoder_decoder
         many = [sources] if isinstance(sources, str) else list(sources)
-        ids = [self.encode_source(s, unknown) for s in many]
+        ids = [self.encode_source(s, unknown, replace_with) for s in many]
         options = DecodeOptions(beam, temperature, top_k, top_p, seed)
         check_decode_options(options)
         targets = [self.tokenizer.decode(t) for t in transduce(module, ids, options)]
         return targets[0] if isinstance(sources, str) else targets
 
-    def encode_source(self, source: str, unknown: UnknownPolicy = "error") -> list[int]:
+    def encode_source(
+        self, source: str, unknown: UnknownPolicy = "error", replace_with: str | None = None
+    ) -> list[int]:
         """A source's ids: not empty, within the context, without the reserved control characters."""
         from charlm.encdec import SPECIAL_CHARS
 
-        if any(c in SPECIAL_CHARS for c in source):
+        if any(c in SPECIAL_CHARS for c in source) or replace_with in SPECIAL_CHARS:
             raise UsageError("a source may not hold U+0000, U+0002 or U+0003 (reserved for padding, start and end)")
-        ids = self.encode_prompt(source, unknown)
+        if not source:
+            raise UsageError("a source must have at least one character")
+        if unknown == "replace" and replace_with is None and " " not in self.tokenizer.chars:
+            replace_with = self.tokenizer.chars[len(SPECIAL_CHARS)]  # the first real character, never padding
+        ids = self.encode_prompt(source, unknown, replace_with)
         if not ids or len(ids) > self.config.model.block_size:
             raise UsageError(
                 f"a source must have 1 to {self.config.model.block_size} characters (the model's context), "
@@ -138,6 +145,10 @@ class ArchMethods:
                 f"the text has {len(text)} characters but the model's context is {self.config.model.block_size}"
             )
         known = "".join(self.tokenizer.decode([0]) if c == mask_char else c for c in text)  # a placeholder id
+        unseen = self.tokenizer.unknown_chars(known)
+        if unseen:
+            shown = ", ".join(repr(c) for c in unseen[:10])
+            raise UsageError(f"the text has characters the model has never seen: {shown}; leave them out")
         ids = self.encode_prompt(known)
         guesses = fill(module, ids, blanks, top)
         decode = self.tokenizer.decode
@@ -175,8 +186,12 @@ class ArchMethods:
 def check_decode_options(options: Any) -> None:
     if not 1 <= options.beam <= 64:
         raise UsageError(f"beam must be between 1 and 64, got {options.beam}")
-    if options.beam > 1 and options.temperature:
-        raise UsageError("beam search keeps the most likely hypotheses: leave temperature at 0 with a beam")
+    if options.temperature < 0:
+        raise UsageError(f"temperature must be >= 0, got {options.temperature} (0 = greedy)")
+    if options.top_k is not None and options.top_k < 1:
+        raise UsageError(f"top_k must be >= 1, got {options.top_k}")
+    if options.beam > 1 and (options.temperature or options.top_k is not None or options.top_p < 1):
+        raise UsageError("beam search keeps the most likely hypotheses: leave temperature, top-k and top-p out")
     if not 0 < options.top_p <= 1:
         raise UsageError(f"top_p must be in (0, 1], got {options.top_p}")
 

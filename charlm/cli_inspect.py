@@ -143,6 +143,10 @@ def _transduction_attention(model, source: str, output: Path, layer, head, part:
     from charlm.progress import stderr_console
 
     maps = model.transduction_attention(source)
+    if part not in maps:
+        raise UsageError(
+            f"this model has no {part} attention (model.cross_attention is off): use --part encoder|decoder"
+        )
     weights = maps[part]  # (L, nh, rows, columns)
     layers = pick_indices("--layer", layer, weights.size(0))
     heads = pick_indices("--head", head, weights.size(1))

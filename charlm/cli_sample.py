@@ -121,7 +121,8 @@ def sample_(
                 f"{', '.join(given)}: not for an encoder-decoder, which rewrites each source whole (use "
                 "--prompt-file - to rewrite lines as they come)"
             )
-        return transduce_lines(model, prompt, prompt_file, beam, temperature, top_k, top_p, seed, unknown, json_out)
+        decoding = (beam, temperature, top_k, top_p, seed, unknown.value, replace_with)
+        return transduce_lines(model, prompt, prompt_file, decoding, json_out)
     model.decoder  # noqa: B018  (an encoder is refused here in one line: it fills blanks, see `charlm fill`)
     if beam != 1:
         raise UsageError("--beam is for encoder-decoder models; a decoder samples (--temperature 0 is greedy)")
@@ -157,26 +158,26 @@ def sample_(
             sys.stdout.write(sample_text + "\n")
 
 
-def transduce_lines(model, prompt, prompt_file, beam, temperature, top_k, top_p, seed, unknown, json_out) -> None:
+def transduce_lines(model, prompt, prompt_file, decoding: tuple, json_out: bool) -> None:
     """--prompt: the target alone; --prompt-file: source<TAB>target for every non-blank line."""
+    beam, temperature, top_k, top_p, seed, unknown, replace_with = decoding
     from charlm.data import read_prompt
 
     if prompt_file is not None:
-        sources = [line.removesuffix("\r") for line in read_prompt(prompt_file).split("\n")]
-        numbered = [(n, line) for n, line in enumerate(sources, start=1) if line.strip()]
+        lines = [line.removesuffix("\r") for line in read_prompt(prompt_file).split("\n")]
+        numbered = [(n, line) for n, line in enumerate(lines, start=1) if line.strip()]
     elif prompt is None:
         raise UsageError("an encoder-decoder needs a source: --prompt SOURCE, or --prompt-file FILE (- for stdin)")
     else:
         numbered = [(1, prompt)]
     for number, line in numbered:
         try:
-            model.encode_source(line, unknown.value)
+            model.encode_source(line, unknown, replace_with)
         except UsageError as e:
             where = f"line {number} of {prompt_file}: " if prompt_file is not None else ""
             raise UsageError(where + str(e)) from None
-    targets = model.transduce(
-        [line for _, line in numbered], beam, temperature or 0.0, top_k, top_p or 1.0, seed, unknown.value
-    )
+    sources = [line for _, line in numbered]
+    targets = model.transduce(sources, beam, temperature or 0.0, top_k, top_p or 1.0, seed, unknown, replace_with)
     if json_out:
         rows = [{"source": line, "target": t} for (_, line), t in zip(numbered, targets, strict=True)]
         print_json({"targets": rows, "beam": beam})

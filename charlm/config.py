@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 import yaml
 
+from charlm.config_arch import arch_problems
 from charlm.config_files import (  # noqa: F401  (re-exported: the config API in one import)
     CONFIG_DIRS,
     Options,
@@ -311,27 +312,11 @@ def _check_ranges(config: Config) -> list[str]:
         errors.append(f"model.pos_encoding rope needs an even head size, but n_embd / n_head = {m.n_embd // m.n_head}")
     if m.n_experts and m.expert_top_k > m.n_experts:
         errors.append(f"model.expert_top_k ({m.expert_top_k}) must be at most model.n_experts ({m.n_experts})")
-    errors += _arch_problems(config)
+    errors += arch_problems(config.model, config.data)
     if config.train.max_steps == 0 and config.train.max_seconds == 0:
         errors.append("train.max_steps and train.max_seconds are both 0: set at least one limit")
     if not valid_device_name(config.train.device):
         errors.append(f"train.device: expected {DEVICE_NAMES}, got {config.train.device!r}")
-    return errors
-
-
-def _arch_problems(config: Config) -> list[str]:
-    m, d = config.model, config.data
-    if m.arch != "encoder-decoder":
-        return [f"data.format pairs needs model.arch encoder-decoder (not {m.arch})"] * (d.format == "pairs") + [
-            "model.n_experts: mixtures of experts are decoder-only (set it to 0)"
-        ] * (m.arch == "encoder" and m.n_experts > 0)
-    errors = []
-    if d.format != "pairs":
-        errors.append("model.arch encoder-decoder trains on source<TAB>target lines: set data.format=pairs")
-    if d.tokenizer != "char":
-        errors.append("data.tokenizer byte: pairs are read as characters (leave data.tokenizer at char)")
-    if m.n_experts:
-        errors.append("model.n_experts: the encoder-decoder has dense feed-forward layers only (set it to 0)")
     return errors
 
 

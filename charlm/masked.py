@@ -68,6 +68,9 @@ class EncoderOnly(nn.Module):
         for block in self.block_list:
             x = block(x, everything, pos)
         logits = self.head(self.ln_f(x))  # (B, T, V + 1)
+        if self.config.logit_softcap:  # smooth cap: c * tanh(z / c), as GPT's
+            c = self.config.logit_softcap
+            logits = c * torch.tanh(logits / c)
         if targets is None:
             return logits, None
         loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=IGNORE)
@@ -143,15 +146,20 @@ def masked_score(
     batch_size: int = 64,
     amp_dtype: torch.dtype | None = None,
 ) -> tuple[float, int, int]:
-    """Summed loss, characters restored and characters hidden over windows at `starts`, hidden by EVAL_SEED."""
-    generator = torch.Generator().manual_seed(EVAL_SEED)
+    """Summed loss, characters restored and characters hidden over windows at `starts`. Each window is hidden by a
+    generator seeded from EVAL_SEED and its own start, so a window looks the same whichever batch or rank scores it."""
+    generator = torch.Generator()
     offsets = torch.arange(model.config.block_size)
     was_training = model.training
     model.eval()
     total, right, count = 0.0, 0, 0
     for i in range(0, len(starts), batch_size):
-        window = ids[starts[i : i + batch_size, None] + offsets].long()  # (B, block_size)
-        inputs, targets = hide(window, model.vocab_size, generator)
+        hidden_windows = []
+        for start in starts[i : i + batch_size].tolist():
+            generator.manual_seed(EVAL_SEED * 1_000_003 + start)
+            hidden_windows.append(hide(ids[start + offsets].long()[None], model.vocab_size, generator))
+        inputs = torch.cat([w[0] for w in hidden_windows])
+        targets = torch.cat([w[1] for w in hidden_windows])
         inputs, targets = inputs.to(device), targets.to(device)
         with autocast(device, amp_dtype):
             logits, loss = model(inputs, targets)

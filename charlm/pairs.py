@@ -139,27 +139,38 @@ def pad_batch(pairs: list[Pair], device: torch.device) -> tuple[tuple[torch.Tens
 class PairBatches:
     """Training batches of pairs of similar lengths, drawn with a seeded generator (the text format's RandomWindows).
 
-    The lines are ordered by length once; a batch is batch_size neighbours in that order from a random start, so a
-    batch is padded little (on CMUdict, random batches were mostly padding: the longest of 64 words sets the width).
+    The lines are ordered by length once. Each pass over them cuts that order into runs of batch_size neighbours
+    (from a random offset, so the cuts move) and takes the runs in a random order: a batch is padded little (on
+    CMUdict, random batches were mostly padding: the longest of 64 words sets the width), and every line is
+    trained on once per pass. The generator, the pass's order and the place in it are the state a resume needs.
     """
 
     def __init__(self, pairs: list[Pair], batch_size: int, device: torch.device, seed: int):
         self.pairs, self.batch_size, self.device = pairs, min(batch_size, len(pairs)), device
         self.by_length = sorted(range(len(pairs)), key=lambda i: (len(pairs[i][1]), len(pairs[i][0])))
         self.generator = torch.Generator().manual_seed(seed)
+        self.order: list[int] = []  # where each run of this pass starts in by_length (the first may be negative)
+        self.cursor = 0
         self.last_tokens = 0  # target characters (with EOS) of the last batch: what a step trained on
 
     def next_batch(self) -> tuple[tuple[torch.Tensor, torch.Tensor], torch.Tensor]:
-        start = int(torch.randint(len(self.pairs) - self.batch_size + 1, (1,), generator=self.generator))
-        batch = [self.pairs[i] for i in self.by_length[start : start + self.batch_size]]
+        if self.cursor >= len(self.order):  # a new pass
+            offset = int(torch.randint(self.batch_size, (1,), generator=self.generator))
+            starts = list(range(-offset, len(self.pairs), self.batch_size))
+            self.order = [starts[i] for i in torch.randperm(len(starts), generator=self.generator).tolist()]
+            self.cursor = 0
+        start = self.order[self.cursor]
+        self.cursor += 1
+        batch = [self.pairs[i] for i in self.by_length[max(start, 0) : start + self.batch_size]]
         self.last_tokens = sum(len(t) + 1 for _, t in batch)
         return pad_batch(batch, self.device)
 
     def state_dict(self) -> dict:
-        return {"generator": self.generator.get_state()}
+        return {"generator": self.generator.get_state(), "order": list(self.order), "cursor": self.cursor}
 
     def load_state_dict(self, state: dict) -> None:
         self.generator.set_state(state["generator"])
+        self.order, self.cursor = list(state.get("order", [])), int(state.get("cursor", 0))
 
 
 def in_batches(pairs: list[Pair], batch_size: int) -> Iterator[list[Pair]]:

@@ -90,15 +90,16 @@ def print_model_info(info: ModelInfo, title: str) -> None:
     for row in info.rows:
         name = f"  per {names[row.stack][0]}: {row.component}" if row.per_layer else row.component
         table.add_row(name, f"{row.params:,}", row.formula)
-        if row.per_layer and row is [r for r in info.rows if r.stack == row.stack and r.per_layer][-1]:
-            per_layer = sum(r.params for r in info.rows if r.per_layer and r.stack == row.stack)
+        stack_rows = [r for r in info.rows if r.per_layer and r.stack == row.stack]
+        if row.per_layer and row.stack != "layer" and row is stack_rows[-1]:  # an encoder-decoder's stack ends
+            per_layer = sum(r.params for r in stack_rows)
             label, symbol = names[row.stack]
-            table.add_row(f"  one {label}", f"{per_layer:,}", "sum of the rows above") if row.stack != "layer" else None
-            table.add_row(
-                f"  all {stacks[row.stack]} {label}s",
-                f"{per_layer * stacks[row.stack]:,}",
-                f"{symbol} × (per-layer rows)",
-            )
+            table.add_row(f"  one {label}", f"{per_layer:,}", "sum of the rows above")
+            n = stacks[row.stack]
+            table.add_row(f"  all {n} {label}s", f"{per_layer * n:,}", f"{symbol} × (per-layer rows)")
+    if list(stacks) == ["layer"]:  # a decoder-only model: the one sum, after every row (as it always was)
+        per_layer = sum(r.params for r in info.rows if r.per_layer)
+        table.add_row(f"  all {info.n_layer} layers", f"{per_layer * info.n_layer:,}", "n_layer × (per-layer rows)")
     table.add_section()
     table.add_row("[bold]total[/bold]", f"[bold]{info.total_params:,}[/bold]", "sum of the rows (= sum of p.numel())")
     if info.active_params != info.total_params:

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from charlm.encdec import BOS, EOS, EncoderDecoder
+from charlm.encdec import BOS, EOS, PAD, EncoderDecoder
 from charlm.pairs import Pair, pad_batch, pairs_total
 from charlm.sampling import sample_next
 
@@ -34,8 +34,7 @@ def transduce(model: EncoderDecoder, sources: list[list[int]], options: DecodeOp
     model.eval()
     device = next(model.parameters()).device
     generator = torch.Generator(device=device)
-    if options.seed is not None:
-        generator.manual_seed(options.seed)
+    generator.manual_seed(options.seed if options.seed is not None else torch.seed())  # no seed: a fresh draw
     results: dict[int, list[int]] = {}
     order = sorted(range(len(sources)), key=lambda i: len(sources[i]))  # similar lengths together: less padding
     for first in range(0, len(order), options.batch_size):
@@ -67,6 +66,7 @@ def _decode_batch(
     done = torch.zeros(len(sources), dtype=torch.bool, device=device)
     for _ in range(_limit(model, options)):
         logits = model.decode(token, memory, key_mask, cache)[:, -1].float()  # (B, V)
+        logits[:, [PAD, BOS]] = -math.inf  # never written inside a target
         nxt = sample_next(logits, generator, options.temperature, options.top_k, options.top_p)  # (B,)
         for row, t in enumerate(nxt.tolist()):
             if not done[row] and t != EOS:
@@ -104,8 +104,16 @@ def beam_batch(model: EncoderDecoder, sources: list[list[int]], options: DecodeO
     done = [False] * B
     token = torch.full((B * N, 1), BOS, dtype=torch.long, device=device)
     for length in range(1, limit + 2):
-        logp = torch.log_softmax(model.decode(token, memory, key_mask, cache)[:, -1].float(), dim=-1)  # (B·N, V)
+        logits = model.decode(token, memory, key_mask, cache)[:, -1].float()  # (B·N, V)
+        logits[:, [PAD, BOS]] = -math.inf  # never written inside a target
+        logp = torch.log_softmax(logits, dim=-1)
         V = logp.size(-1)
+        if length > limit:  # no room for another character: every live hypothesis ends here, with its EOS
+            ends = (scores + logp[:, EOS].view(B, N)).tolist()
+            for b in range(B):
+                if not done[b]:
+                    finished[b] += [(ends[b][k] / length, beams[b][k]) for k in range(N) if ends[b][k] > -math.inf]
+            break
         total = (scores[:, :, None] + logp.view(B, N, V)).view(B, N * V)
         best = total.topk(min(2 * N, N * V), dim=-1)  # room for those that end here
         values, indices = best.values.tolist(), best.indices.tolist()
@@ -117,7 +125,7 @@ def beam_batch(model: EncoderDecoder, sources: list[list[int]], options: DecodeO
                 if done[b] or score == -math.inf:
                     break
                 beam, t = divmod(index, V)
-                if t == EOS or length > limit:
+                if t == EOS:
                     finished[b].append((score / length, beams[b][beam]))
                 elif len(live) < N:
                     live.append((beam, t))

@@ -80,6 +80,8 @@ def test_reversal_is_learned_within_60_s_and_not_without_cross_attention(trained
         "train.max_seconds=55", "--set", "model.cross_attention=false", "--quiet", check=True,
     )  # fmt: skip
     assert eval_json(blind)["exact_match"] < 0.05  # the same decoder, not told the source, cannot
+    no_cross = run_cli("attention", blind, "--prompt", "abc", "--json")
+    assert_one_line_error(no_cross, 2, "no cross attention", "--part encoder|decoder")
 
 
 def test_sample_rewrites_one_source_or_every_line_greedy_or_by_beam(trained, tmp_path):
@@ -104,17 +106,29 @@ def test_beam_search_is_no_worse_than_greedy_and_beam_1_is_greedy(trained):
     assert beam["beam"] == 5 and beam["exact_match"] >= greedy["exact_match"] - 0.005
     model = charlm.load(run)
     sources = ["abc", "jihgfedc", "aaaa", "bacd"]
-    assert model.transduce(sources) == model.transduce(sources, beam=1) == [s[::-1] for s in sources]
+    assert model.transduce(sources) == [s[::-1] for s in sources]
     ids = [model.encode_source(s) for s in sources]
     module = model.encoder_decoder
     for source, expected in zip(ids, transduce(module, ids, DecodeOptions()), strict=True):
         assert beam_search(module, source, DecodeOptions(beam=3)) == expected
 
 
-def test_a_seeded_sampled_decode_repeats(trained):
+def test_a_seeded_sampled_decode_repeats_and_an_unseeded_one_does_not(trained):
     model = charlm.load(trained[0])
-    a = model.transduce(["abcdef"] * 8, temperature=1.5, seed=3)
-    assert a == model.transduce(["abcdef"] * 8, temperature=1.5, seed=3)
+    a = model.transduce(["abcdef"] * 16, temperature=3.0, seed=3)
+    assert a == model.transduce(["abcdef"] * 16, temperature=3.0, seed=3)
+    assert a != model.transduce(["abcdef"] * 16, temperature=3.0, seed=4)
+    assert model.transduce(["abcdef"] * 16, temperature=3.0) != model.transduce(["abcdef"] * 16, temperature=3.0)
+
+
+def test_unknown_characters_replaced_never_become_padding(trained):
+    model = charlm.load(trained[0])
+    assert model.encode_source("abz", "replace") == model.encode_source("aba")  # the first real character
+    assert model.encode_source("abz", "replace", "c") == model.encode_source("abc")
+    with pytest.raises(UsageError, match="reserved"):
+        model.encode_source("abz", "replace", "\x00")
+    with pytest.raises(UsageError, match="top_k"):
+        model.transduce("abc", temperature=1.0, top_k=0)
 
 
 def test_the_wrong_methods_and_flags_are_one_line_errors(trained, tiny_checkpoint):
@@ -161,17 +175,22 @@ def test_bad_lines_are_counted_named_and_refused_or_skipped(tmp_path, lines, nee
     [
         (["--set", "model.arch=encoder-decoder"], "data.format=pairs"),
         (["--set", "data.format=pairs"], "needs model.arch encoder-decoder"),
-        ([*PAIRS, "--set", "data.tokenizer=byte"], "pairs are read as characters"),
+        ([*PAIRS, "--set", "data.tokenizer=byte"], "reads characters"),
         ([*PAIRS, "--set", "model.n_experts=4"], "dense feed-forward"),
+        (["--set", "model.cross_attention=false"], "model.cross_attention is for model.arch encoder-decoder"),
+        (["--set", "model.arch=encoder", "--set", "model.n_encoder_layer=2"], "model.n_encoder_layer is for"),
+        (["--set", "model.arch=encoder", "--set", "data.tokenizer=byte"], "an encoder reads characters"),
     ],
 )
 def test_inconsistent_settings_are_refused_before_any_work(tmp_path, reversal, sets, needle):
     result = run_cli("train", *sets, "--data", reversal, "--out-dir", tmp_path / "run", "--max-steps", "1")
     assert result.returncode == 2 and needle in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "run").exists()
 
 
 def test_resume_is_exact_per_step_losses_and_final_weights(tmp_path, reversal):
     common = ["train", *SHAPE, "--data", reversal, "--set", "train.eval_interval=3", "--set", "model.dropout=0.2"]
+    common += ["--set", "train.log_interval=1"]  # every step's loss compared
     assert_resume_is_exact(common, tmp_path)
 
 
@@ -300,9 +319,8 @@ def test_attention_command_shows_the_cross_attention_alignment(trained, tmp_path
     assert shown["chars"] == [*"hgfedcba", "⟨end⟩"] and shown["key_chars"] == list("abcdefgh")
     weights = torch.tensor(shown["weights"])  # (L, nh, T, S)
     assert weights.shape == (2, 4, 9, 8)
-    # reversing: somewhere in the last layer a head puts each written character's weight on its source letter
-    last = weights[-1]
-    aligned = (last[:, range(8), [7 - i for i in range(8)]] > 0.5).all(dim=-1)
+    # reversing: some head puts each written character's most weight on the source letter it copies
+    aligned = (weights[:, :, range(8)].argmax(-1) == torch.tensor([7 - i for i in range(8)])).all(-1)  # (L, nh)
     assert aligned.any()
     decoder = json.loads(run_cli("attention", run, "--prompt", "abc", "--part", "decoder", "--json").stdout)
     assert (
@@ -319,3 +337,30 @@ def test_muon_takes_both_stacks_matrices():
     # encoder blocks: Q, K/V, W_O, two feed-forward; decoder blocks: QKV, W_O, cross Q, K/V, W_O, two feed-forward
     assert len(hidden_matrices(model)) == 5 * len(model.encoder) + 7 * len(model.decoder)
     assert all(p.dim() == 2 for p in hidden_matrices(model))
+
+
+def test_beam_search_finds_the_best_ending_hypothesis_of_an_untrained_model():
+    """With a beam as wide as every hypothesis, beam search is exhaustive: it must return the target whose mean
+    log-probability per character (its end included) is highest, never a hypothesis cut off by the length limit
+    unless its own end scores best, and never padding or start symbols."""
+    import itertools
+    import math
+
+    config = load_config(None, ["model.arch=encoder-decoder", "data.format=pairs", "model.n_embd=16"])
+    config.model.block_size, config.model.n_head = 4, 2
+    torch.manual_seed(1)
+    model = EncoderDecoder(config.model, 5).eval()  # ids 3 and 4 are the only real characters
+    source = [3, 4, 4]
+
+    @torch.no_grad()
+    def mean_logprob(target):
+        ids = torch.tensor([[BOS, *target]])
+        logits = model(torch.tensor([source]), ids)[0][0].float()
+        logits[:, [PAD, BOS]] = -math.inf
+        logp = torch.log_softmax(logits, -1)
+        return sum(float(logp[i, t]) for i, t in enumerate([*target, EOS])) / (len(target) + 1)
+
+    candidates = [list(c) for n in range(4) for c in itertools.product([3, 4], repeat=n)]  # up to block_size - 1
+    best = max(candidates, key=mean_logprob)
+    with torch.no_grad():
+        assert beam_search(model, source, DecodeOptions(beam=16)) == best
