@@ -195,7 +195,7 @@ def make_out_dir(out_dir: Path, replaced: list[str]) -> None:
         raise UsageError(f"cannot write to --out-dir {out_dir}: {e.strerror}; choose a writable folder") from None
     for name in replaced:
         (out_dir / name).unlink()
-    for name in ("last.pt", "best.pt"):
+    for name in RUN_FILES:  # any file the run writes atomically may have a temp left by a kill mid-write
         remove_stale_temps(out_dir / name)
 
 
