@@ -276,19 +276,13 @@ def train(
     `overrides` maps dotted keys to values ({"train.max_steps": 200}). Ctrl-C (KeyboardInterrupt) stops the run
     after saving last.pt and propagates; no signal handler is installed and the process is never exited.
     """
-    from charlm.run import resolve_run, run_training
+    from charlm.run import resolve_run
 
     options = {key: (key, value) for key, value in (overrides or {}).items()}  # typed values, no YAML round trip
     options["data.path"] = ("data", None if data is None else str(data))
-    request = resolve_run(str(config), [], options, resume, out_dir)
-    summary = run_training(
-        request.config,
-        request.out_dir,
-        resume=resume,
-        overwrite=overwrite,
-        resume_changes=request.changes,
-        quiet=quiet,
-        init_from=init_from,
+    request = resolve_run(
+        str(config), [], options, out_dir, resume=resume, overwrite=overwrite, init_from=init_from,
         extend_vocab=extend_vocab,
-    )
+    )  # fmt: skip
+    summary = request.run(quiet=quiet)
     return summary.to_dict() if summary is not None else {}

@@ -1,14 +1,15 @@
 """Self-contained checkpoints: what they hold, written atomically, read with torch.load(weights_only=True), checked.
 
 A checkpoint is a dict of tensors and plain data: the resolved config, the vocabulary, the model's weights (the
-unwrapped model: no DDP or torch.compile prefixes) and, for `--resume`, the TrainingState below.
+unwrapped model: no DDP or torch.compile prefixes) and, for `--resume`, the loop's RunState (charlm.run_state) saved
+whole beside the RESUME_PARTS: the optimizer's, schedule's and GradScaler's states and every rank's random streams.
 """
 
 from __future__ import annotations
 
 import pickle
 import zipfile
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,30 +19,16 @@ from charlm.arch import AnyModel, build_model
 from charlm.config import Config, config_from_dict
 from charlm.errors import UsageError
 from charlm.files import atomic_write
+from charlm.run_state import RunState
 from charlm.tokenizer import Tokenizer, make_tokenizer
 from charlm.version import __version__
 
 FORMAT_VERSION = 1
 REQUIRED_KEYS = ("format_version", "config", "vocab", "model", "step")
-OPTIONAL_TRAINING_KEYS = {"tokens": 0, "evals_since_best": 0, "elapsed_s": 0.0}  # absent from the oldest checkpoints
 RUNS_DIR = Path("runs")  # where `charlm train` puts run folders by default (relative to the working folder)
-
-
-@dataclass
-class TrainingState:
-    """Everything beyond the weights that an exact resume needs."""
-
-    step: int
-    tokens: int  # training tokens seen, over all invocations
-    best_val_loss: float
-    evals_since_best: int
-    elapsed_s: float  # training and evaluation seconds, over all invocations
-    optimizer: dict[str, Any]
-    scheduler: dict[str, Any]  # the learning-rate schedule's state (charlm.schedule)
-    scaler: dict[str, Any] | None  # the fp16 GradScaler's, when there is one
-    world_size: int
-    global_batch: int
-    ranks: list[dict[str, Any]]  # every rank's random streams: {"rng": ..., "sampler": ...}
+# What an exact resume needs beyond the weights and the RunState: {"optimizer", "scheduler" (charlm.schedule),
+# "scaler" (the fp16 GradScaler's, or None), "ranks" (every rank's {"rng": ..., "sampler": ...})}.
+RESUME_PARTS = ("optimizer", "scheduler", "scaler", "ranks")
 
 
 def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
@@ -50,12 +37,17 @@ def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
 
 
 def save_training_checkpoint(
-    path: Path, config: Config, tokenizer: Tokenizer, model: torch.nn.Module, training: TrainingState
+    path: Path,
+    config: Config,
+    tokenizer: Tokenizer,
+    model: torch.nn.Module,
+    state: RunState,
+    parts: dict[str, Any],
 ) -> None:
     """A checkpoint that sample, eval and info read, and that `charlm train --resume` continues exactly."""
-    save_checkpoint(
-        path, {"config": config.to_dict(), "vocab": tokenizer.chars, "model": model.state_dict(), **asdict(training)}
-    )
+    assert set(parts) == set(RESUME_PARTS), f"resume parts {sorted(parts)}"  # a programming error, not user input
+    weights = {"config": config.to_dict(), "vocab": tokenizer.chars, "model": model.state_dict()}
+    save_checkpoint(path, {**weights, **state.to_dict(), **parts})
 
 
 @dataclass
@@ -69,27 +61,20 @@ class Checkpoint:
     def step(self) -> int:
         return int(self.state["step"])
 
-    def training_state(self) -> TrainingState:
-        """The resume state, or one line saying why this checkpoint cannot be resumed."""
-        s = {**OPTIONAL_TRAINING_KEYS, **self.state}
-        missing = [f.name for f in fields(TrainingState) if f.name not in s]
+    def resume_state(self) -> tuple[RunState, dict[str, Any]]:
+        """The loop's state and the RESUME_PARTS, or one line saying why this checkpoint cannot be resumed."""
+        needed = ("best_val_loss", "world_size", "global_batch", *RESUME_PARTS)
+        missing = [name for name in needed if name not in self.state]
         if missing:
             raise UsageError(
                 f"checkpoint {self.path} lacks a usable training state (no {', '.join(missing)}); it cannot be resumed"
             )
-        return TrainingState(
-            step=int(s["step"]),
-            tokens=int(s["tokens"]),
-            best_val_loss=float(s["best_val_loss"]),
-            evals_since_best=int(s["evals_since_best"]),
-            elapsed_s=float(s["elapsed_s"]),
-            optimizer=s["optimizer"],
-            scheduler=s["scheduler"],
-            scaler=s["scaler"],
-            world_size=int(s["world_size"]),
-            global_batch=int(s["global_batch"]),
-            ranks=s["ranks"],
-        )
+        try:
+            state = RunState.from_dict(self.state)
+        except (TypeError, ValueError) as e:
+            why = f"lacks a usable training state ({e})"
+            raise UsageError(f"checkpoint {self.path} {why}; it cannot be resumed") from None
+        return state, {name: self.state[name] for name in RESUME_PARTS}
 
     def build_model(self, device: torch.device | str = "cpu") -> AnyModel:
         """The model with its weights, refusing weights that do not fit the recorded shapes or are not finite."""

@@ -26,7 +26,7 @@ from charlm.cli_support import (
     remover_if_created,
     run_app,
 )
-from charlm.errors import UsageError
+from charlm.errors import Interrupted, UsageError
 
 EXIT_CODES_HELP = "Exit codes: 0 ok, 1 runtime failure, 2 usage or config error, 130/143 interrupted (SIGINT/SIGTERM)."
 
@@ -176,7 +176,7 @@ def train(
     needs_torch()
     from charlm.progress import TrainReporter
     from charlm.report import print_train_summary
-    from charlm.run import resolve_run, run_training
+    from charlm.run import resolve_run
     from charlm.signals import StopSignals
 
     if resume and overwrite:
@@ -190,19 +190,18 @@ def train(
         "train.max_seconds": ("--max-seconds", max_seconds),
         "train.seed": ("--seed", seed),
     }
-    request = resolve_run(config, set_ or [], options, resume, out_dir)
+    request = resolve_run(
+        config, set_ or [], options, out_dir, resume=resume, overwrite=overwrite, init_from=init_from,
+        extend_vocab=extend_vocab,
+    )  # fmt: skip
     with StopSignals(before_exit=remover_if_created(request.out_dir)) as stop:
-        summary = run_training(
-            request.config,
-            request.out_dir,
-            resume=resume,
-            overwrite=overwrite,
-            resume_changes=request.changes,
-            reporter=TrainReporter(quiet),
-            stop=stop,
-            init_from=init_from,
-            extend_vocab=extend_vocab,
-        )
+        try:
+            summary = request.run(reporter=TrainReporter(quiet), stop=stop)
+        except Interrupted as e:  # the loop says what it saved; how to go on is the command line's to say
+            if e.saved is None:
+                raise
+            hint = f"continue with `charlm train --resume --out-dir {request.out_dir}`"
+            raise Interrupted(f"{e}; {hint}", e.signum, saved=e.saved) from None
     if summary is None:  # a rank other than 0 under torchrun: rank 0 reports
         return
     if json_out:

@@ -58,6 +58,9 @@ def sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
+wait_before_retry = time.sleep  # a module attribute, so that tests can count the waits instead of sleeping them
+
+
 def download(
     url: str,
     dest: Path,
@@ -97,7 +100,7 @@ def download(
                 raise WorkError(
                     f"download of {url} failed after {retries + 1} attempt(s): {e}; {OFFLINE_HINT}"
                 ) from None
-        time.sleep(backoff * 2**attempt)  # 1, 2, 4, 8 s: gives up within ~15 s of refused connections
+        wait_before_retry(backoff * 2**attempt)  # 1, 2, 4, 8 s: gives up within ~15 s of refused connections
         attempt += 1
 
 

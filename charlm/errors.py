@@ -1,5 +1,9 @@
 """Errors that the CLI turns into one line on stderr and an exit code."""
 
+from __future__ import annotations
+
+from pathlib import Path
+
 USAGE_EXIT = 2  # something the user gave is wrong: flag, config, data file, checkpoint, prompt
 FAILURE_EXIT = 1  # the work itself failed: network, disk, a diverged run
 
@@ -29,6 +33,7 @@ class WorkError(CharlmError):
 class Interrupted(CharlmError):
     """SIGINT or SIGTERM: exit with 128 + the signal's number, as shells report it (130, 143)."""
 
-    def __init__(self, message: str, signum: int):
+    def __init__(self, message: str, signum: int, saved: Path | None = None):
         super().__init__(message)
+        self.signum, self.saved = signum, saved  # saved: the checkpoint written before stopping, if any
         self.exit_code = 128 + signum

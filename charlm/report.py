@@ -14,7 +14,7 @@ if TYPE_CHECKING:  # only for annotations: `charlm config --keys` must not impor
     from charlm.evaluate import EvalResult
     from charlm.info import ModelInfo
     from charlm.masked import MaskedResult
-    from charlm.run import TrainSummary
+    from charlm.run_state import TrainSummary
     from charlm.transduce import TransductionResult
 
 

@@ -6,13 +6,10 @@ line passes its own StopRequest (charlm.signals), and a Python caller's Ctrl-C s
 
 from __future__ import annotations
 
-import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-import torch
 
 from charlm import config as cfg
 from charlm.arch import build_model
@@ -23,16 +20,14 @@ from charlm.device import autocast_dtype, configure_backends, pick_device, seed_
 from charlm.distributed import Dist, setup, teardown
 from charlm.download import ensure_builtin_corpus
 from charlm.errors import UsageError
-from charlm.evaluate import EvalResult, full_pass
-from charlm.files import atomic_write, remove_stale_temps
 from charlm.finetune import finetune_config, finetune_tokenizer, init_model, load_source
-from charlm.masked import EncoderOnly, all_windows, masked_score
 from charlm.metrics import require_loggers
-from charlm.pairs import PairCorpus, pairs_total
+from charlm.pairs import PairCorpus
 from charlm.progress import TrainReporter
+from charlm.run_folder import RunFolder, check_out_dir, make_out_dir
+from charlm.run_state import TrainSummary
 from charlm.trainer import StopRequest, Trainer, seed_for_rank
 
-RUN_FILES = ("last.pt", "best.pt", "metrics.jsonl", "config.yaml", "steps.jsonl", "summary.json", "metrics.csv")
 # Keys that may change when resuming: limits and schedule knobs. Anything else would silently
 # make the resumed run a different run.
 RESUMABLE_KEYS = {
@@ -56,54 +51,55 @@ RESUMABLE_KEYS = {
 }
 
 
-@dataclass
-class TrainSummary:
-    best_val_loss: float  # best periodic validation estimate (nats/char)
-    full_val_loss: float  # validation pass of best.pt (nats/token), all of val up to train.final_eval_tokens
-    full_val_bpc: float
-    full_val_tokens: int  # tokens that pass scored
-    full_val_whole: bool  # whether that was the whole validation split
-    unit: str  # char or byte: what the losses are per
-    steps: int
-    tokens: int  # training tokens seen, over all invocations
-    wall_s: float  # this invocation, start-up to finish
-    train_s: float  # time in training steps (evaluation and compilation excluded)
-    eval_s: float
-    compile_s: float
-    tokens_per_s: float  # this invocation's training tokens / train_s
-    stop_reason: str
-    params: int
-    device: str
-    out_dir: str
-    peak_memory_mb: float  # RSS of this process on CPU; max allocated tensor memory on CUDA
-    world_size: int  # processes (torchrun ranks)
-    global_batch: int  # windows per optimizer step: batch_size x grad_accum x world_size
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
 # ---------------------------------------------------------------------------- the configuration
 
 
 @dataclass
 class RunRequest:
     """What a `charlm train` command (or `charlm.train` call) asks for, resolved: the run folder, the configuration
-    of a fresh run, and for a resume the settings to compare with the run's."""
+    of a fresh run, for a resume the settings to compare with the run's, and how the run starts."""
 
     out_dir: Path
     config: Config | None
     changes: dict[str, Any]
+    resume: bool = False
+    overwrite: bool = False
+    init_from: str | Path | None = None
+    extend_vocab: bool = False
+
+    def run(
+        self, *, quiet: bool = False, reporter: TrainReporter | None = None, stop: StopRequest | None = None
+    ) -> TrainSummary | None:
+        return run_training(
+            self.config,
+            self.out_dir,
+            resume=self.resume,
+            overwrite=self.overwrite,
+            resume_changes=self.changes,
+            quiet=quiet,
+            reporter=reporter,
+            stop=stop,
+            init_from=self.init_from,
+            extend_vocab=self.extend_vocab,
+        )
 
 
 def resolve_run(
-    config_file: str | None, sets: list[str], options: cfg.Options, resume: bool, out_dir: str | Path | None
+    config_file: str | None,
+    sets: list[str],
+    options: cfg.Options,
+    out_dir: str | Path | None,
+    *,
+    resume: bool = False,
+    overwrite: bool = False,
+    init_from: str | Path | None = None,
+    extend_vocab: bool = False,
 ) -> RunRequest:
     """The one sequence the command line and the Python API share: the requested settings, then the run folder
     (given, or runs/<config name>)."""
     settings, changes = requested_config(config_file, sets, options, resume)
     folder = Path(out_dir) if out_dir is not None else RUNS_DIR / Path(config_file or cfg.DEFAULT_CONFIG).stem
-    return RunRequest(folder, settings, changes)
+    return RunRequest(folder, settings, changes, resume, overwrite, init_from, extend_vocab)
 
 
 def requested_config(
@@ -166,39 +162,6 @@ def run_config(config: Config | None, ckpt: Checkpoint | None, changes: dict[str
     return resume_config(ckpt.config, {**(config.flat() if config else {}), **changes})
 
 
-# ---------------------------------------------------------------------------- the run folder
-
-
-def check_out_dir(out_dir: Path, resume: bool, overwrite: bool) -> list[str]:
-    """Refuse to clobber a run by accident (nothing is written here). Returns the run files already there."""
-    if out_dir.exists() and not out_dir.is_dir():
-        raise UsageError(f"--out-dir {out_dir} is a file, not a folder; choose another --out-dir")
-    existing = [name for name in RUN_FILES if (out_dir / name).exists()]
-    if resume:
-        if not (out_dir / "last.pt").exists():
-            raise UsageError(f"nothing to resume: {out_dir / 'last.pt'} does not exist (train without --resume first)")
-    elif existing and not overwrite:
-        raise UsageError(
-            f"{out_dir} already holds a run ({', '.join(existing)}); use --resume to continue it, "
-            "--overwrite to start over, or another --out-dir"
-        )
-    return existing
-
-
-def make_out_dir(out_dir: Path, replaced: list[str]) -> None:
-    """Create the run folder and prove it writable; remove the files of a run being overwritten; drop stale temps."""
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        atomic_write(out_dir / ".write-test", lambda f: f.write(b"ok"))
-        (out_dir / ".write-test").unlink()
-    except OSError as e:
-        raise UsageError(f"cannot write to --out-dir {out_dir}: {e.strerror}; choose a writable folder") from None
-    for name in replaced:
-        (out_dir / name).unlink()
-    for name in RUN_FILES:  # any file the run writes atomically may have a temp left by a kill mid-write
-        remove_stale_temps(out_dir / name)
-
-
 # ---------------------------------------------------------------------------- the run
 
 
@@ -251,14 +214,9 @@ def run_training(
             stop,
             source,
             extend_vocab,
+            wall_start,
         )
-        try:
-            reason = trainer.run()
-            summary = _summarize(trainer, reason, wall_start) if dist.is_main else None
-            if summary is not None:
-                trainer.metrics.finish(summary.to_dict())
-        finally:
-            trainer.metrics.close()  # at the end, and on interruption or failure
+        summary = trainer.run()
         dist.barrier()  # leave together: a rank tearing down while rank 0 still evaluates can abort (gloo)
         return summary
     except BaseException:
@@ -280,6 +238,7 @@ def _build(
     stop: StopRequest | None,
     source: Checkpoint | None = None,
     extend_vocab: bool = False,
+    started: float | None = None,
 ) -> Trainer:
     """Data, model and trainer, every check done before the run folder is touched."""
     device = pick_device(device_name)
@@ -325,65 +284,15 @@ def _build(
     else:
         model = build_model(config.model, corpus.tokenizer.vocab_size).to(device)
     seed_everything(seed_for_rank(config.train.seed, dist.rank))  # then each rank its own dropout stream
-    trainer = Trainer(config, model, corpus, device, out_dir, reporter, stop, dist)
+    folder = RunFolder(out_dir, config, corpus.tokenizer, writes=dist.is_main)
+    trainer = Trainer(config, model, corpus, device, folder, reporter, stop, dist, started)
     if ckpt:
-        trainer.load_training_state(ckpt.training_state(), ckpt.path)
-        reporter.info(f"resuming {out_dir / 'last.pt'} at step {trainer.step}")
+        trainer.resume(*ckpt.resume_state(), ckpt.path)
+        reporter.info(f"resuming {out_dir / 'last.pt'} at step {trainer.state.step}")
     reporter.info(trainer.schedule.describe())
     if dist.active:
         reporter.info(
-            f"DDP: {dist.world_size} processes, global batch {trainer.global_batch} windows "
+            f"DDP: {dist.world_size} processes, global batch {trainer.state.global_batch} windows "
             f"({config.train.batch_size} per rank x {config.train.grad_accum} accumulation)"
         )
     return trainer
-
-
-def _summarize(trainer: Trainer, reason: str, wall_start: float) -> TrainSummary:
-    """The final full validation pass of best.pt, and the figures of the whole run."""
-    config, device = trainer.config, trainer.device
-    best = load_checkpoint(trainer.out_dir / "best.pt").build_model(device)
-    limit = config.train.final_eval_tokens
-    if isinstance(trainer.corpus, PairCorpus):  # every validation line's target characters
-        total, count = pairs_total(best, trainer.corpus.val, device, amp_dtype=trainer.amp_dtype)
-        full, whole = EvalResult(total / count, count, "val", config.data.path), True
-    else:
-        val = trainer.corpus.val[: limit + 1] if limit else trainer.corpus.val  # bounded on big corpora
-        whole = len(val) == len(trainer.corpus.val)
-        if isinstance(best, EncoderOnly):  # every whole window of the split, its characters hidden alike
-            total, _, count = masked_score(best, val, all_windows(val, config.model.block_size), device)
-            full = EvalResult(total / max(count, 1), count, "val", config.data.path)
-        else:
-            full = full_pass(best, val, config.model.block_size, device, amp_dtype=trainer.amp_dtype)
-    return TrainSummary(
-        best_val_loss=trainer.best_val,
-        full_val_loss=full.loss,
-        full_val_bpc=full.bpc,
-        full_val_tokens=full.chars,
-        full_val_whole=whole,
-        unit=trainer.corpus.tokenizer.unit,
-        steps=trainer.step,
-        tokens=trainer.tokens,
-        wall_s=time.perf_counter() - wall_start,
-        train_s=trainer.train_s,
-        eval_s=trainer.eval_s,
-        compile_s=trainer.compile_s,
-        tokens_per_s=trainer.tokens_per_s,
-        stop_reason=reason,
-        params=sum(p.numel() for p in trainer.model.parameters()),
-        device=str(device),
-        out_dir=str(trainer.out_dir),
-        peak_memory_mb=peak_memory_mb(device),
-        world_size=trainer.dist.world_size,
-        global_batch=trainer.global_batch,
-    )
-
-
-def peak_memory_mb(device: torch.device) -> float:
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**20
-    try:
-        import resource  # POSIX only
-    except ImportError:
-        return 0.0
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return rss / 2**20 if sys.platform == "darwin" else rss / 1024  # bytes on macOS, KiB on Linux

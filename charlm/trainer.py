@@ -1,8 +1,9 @@
-"""The training loop: lr for this step, maybe evaluate and save, micro-steps, clip, step, log.
+"""The training loop: maybe evaluate and save, lr for this step, micro-steps, clip, step, log; then the final pass.
 
 The loop knows nothing about the model's internals (it calls model(x, y) -> (logits, loss) and model.parameters()),
-nothing about the run folder's policy or the command line (charlm.run), and installs no signal handler: whoever
-runs it passes a StopRequest (the CLI's charlm.signals.StopSignals, or NeverStop from Python).
+nothing about the run folder (a RunFolder writes the checkpoints, config.yaml beside them) or the command line
+(charlm.run, charlm.cli), and installs no signal handler: whoever runs it passes a StopRequest (the CLI's
+charlm.signals.StopSignals, or NeverStop from Python). Its state is one RunState, saved whole in every checkpoint.
 """
 
 from __future__ import annotations
@@ -10,26 +11,29 @@ from __future__ import annotations
 import contextlib
 import math
 import signal
+import sys
 import time
+from dataclasses import replace
 from pathlib import Path
-from typing import Protocol, cast
+from typing import Any, Protocol, cast
 
 import torch
 from torch import nn
 
-from charlm.checkpoint import TrainingState, save_training_checkpoint
+from charlm.checkpoint import load_checkpoint
 from charlm.config import Config
-from charlm.data import Corpus, RandomWindows, fixed_windows
+from charlm.data import Corpus, RandomWindows
 from charlm.device import autocast, autocast_dtype, rng_state, seed_everything, set_rng_state, should_compile
 from charlm.distributed import Dist
 from charlm.errors import CharlmError, Interrupted, UsageError, WorkError
-from charlm.evaluate import windows_total
-from charlm.files import atomic_write
-from charlm.masked import EncoderOnly, MaskedWindows, masked_score
+from charlm.masked import MaskedWindows
 from charlm.metrics import MetricsLog
 from charlm.optim import make_optimizer
-from charlm.pairs import Pair, PairBatches, PairCorpus, pairs_total
+from charlm.pairs import PairBatches, PairCorpus
 from charlm.progress import TrainReporter
+from charlm.run_folder import RunFolder
+from charlm.run_scoring import PeriodicEval, final_pass
+from charlm.run_state import RunState, TrainSummary
 from charlm.schedule import LRSchedule
 
 
@@ -64,50 +68,48 @@ def seed_for_rank(seed: int, rank: int) -> int:
 
 
 class Trainer:
+    """A run's loop and everything it owns: optimizer, schedule, batches, periodic evaluation, metrics, the compile
+    fallback, and the RunState that every checkpoint saves whole and the summary is built from."""
+
     def __init__(
         self,
         config: Config,
         model: nn.Module,
         corpus: Corpus | PairCorpus,
         device: torch.device,
-        out_dir: Path,
+        folder: RunFolder,
         reporter: TrainReporter,
         stop: StopRequest | None = None,
         dist: Dist | None = None,
+        started: float | None = None,
     ):
         self.config, self.model, self.corpus, self.device = config, model, corpus, device
-        self.out_dir, self.reporter, self.stop = out_dir, reporter, stop or NeverStop()
+        self.folder, self.reporter, self.stop = folder, reporter, stop or NeverStop()
         self.dist = dist or Dist()
+        self.started = time.perf_counter() if started is None else started  # the invocation's start, for wall_s
         tc = config.train
-        self.amp_dtype = autocast_dtype(device, tc.dtype)
+        self.amp_dtype = autocast_dtype(device, tc.dtype)  # decided once: steps, evaluations and the final pass
         self.optimizer = make_optimizer(model, tc, device)
         self.schedule = LRSchedule(tc)
         self.scaler = torch.amp.GradScaler(device.type) if self.amp_dtype == torch.float16 else None
-        self.metrics = MetricsLog(out_dir, config, enabled=self.dist.is_main)
-        T, rank_seed = config.model.block_size, seed_for_rank(tc.seed, self.dist.rank)
-        self.sampler: RandomWindows | PairBatches
-        if isinstance(corpus, PairCorpus):  # pairs: the first eval_windows lines of each (shuffled) split
-            self.sampler = PairBatches(corpus.train, tc.batch_size, device, rank_seed)
+        self.metrics = MetricsLog(folder.path, config, enabled=self.dist.is_main)
+        self.scoring = PeriodicEval(config, corpus, device, self.amp_dtype, self.dist)
+        rank_seed = seed_for_rank(tc.seed, self.dist.rank)
+        self.batches: RandomWindows | PairBatches
+        if isinstance(corpus, PairCorpus):
+            self.batches = PairBatches(corpus.train, tc.batch_size, device, rank_seed)
+        elif config.model.arch == "encoder":
+            T, V = config.model.block_size, corpus.tokenizer.vocab_size
+            self.batches = MaskedWindows(corpus.train, T, tc.batch_size, device, rank_seed, V)
         else:
-            self.sampler = (
-                MaskedWindows(corpus.train, T, tc.batch_size, device, rank_seed, corpus.tokenizer.vocab_size)
-                if config.model.arch == "encoder"
-                else RandomWindows(corpus.train, T, tc.batch_size, device, rank_seed)
-            )
-            # Fixed windows: every periodic evaluation scores the same text, so the plateau rule sees signal.
-            self.val_starts = fixed_windows(corpus.val, T, tc.eval_windows, seed=tc.seed + 1)
-            self.train_starts = fixed_windows(corpus.train, T, tc.eval_windows, seed=tc.seed + 2)
-        self.step = self.tokens = self.evals_since_best = 0
-        self.best_val = math.inf
-        self.elapsed_before = 0.0  # training seconds in earlier invocations
-        self.train_s = self.eval_s = self.compile_s = 0.0  # this invocation's
-        self.timed_tokens = 0  # tokens of the steps counted in train_s
+            self.batches = RandomWindows(corpus.train, config.model.block_size, tc.batch_size, device, rank_seed)
+        global_batch = tc.batch_size * tc.grad_accum * self.dist.world_size
+        self.state = RunState(lr=tc.lr, world_size=self.dist.world_size, global_batch=global_batch)
+        self.elapsed_before = 0.0  # loop seconds of earlier invocations
+        self.loop_start = time.perf_counter()  # reset when the loop begins; time-based schedules count from it
         self.step_tokens = 0  # tokens (target characters, for pairs) of this rank's last step
-        self.lr = tc.lr
-        self.run_start = time.perf_counter()  # reset when run() begins; time-based schedules count from it
-        self.config_written = False
-        # What the steps call: the model, wrapped in DistributedDataParallel under torchrun, then maybe compiled (the
-        # trainer owns the fallback: a compile that fails on the first step goes back to `uncompiled`).
+        # What the steps call: the model, wrapped in DistributedDataParallel under torchrun, then maybe compiled (a
+        # compile that fails on the first step falls back to `uncompiled`: see _first_step).
         self.uncompiled: nn.Module = model
         if self.dist.active:
             ids = [device.index] if device.type == "cuda" else None
@@ -115,77 +117,100 @@ class Trainer:
         compiled = should_compile(device, tc.compile)
         self.forward = compile_or_warn(self.uncompiled, reporter) if compiled else self.uncompiled
 
-    @property
-    def global_batch(self) -> int:
-        """Windows per optimizer step over all ranks: micro batch x accumulation x world size."""
-        return self.config.train.batch_size * self.config.train.grad_accum * self.dist.world_size
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.timed_tokens / self.train_s if self.train_s > 0 else 0.0
+    def resume(self, state: RunState, parts: dict[str, Any], source: Path) -> None:
+        """Continue a saved run: its state and the optimizer's, schedule's, scaler's and random streams'."""
+        self.state = replace(state, world_size=self.dist.world_size, global_batch=self.state.global_batch)
+        self.elapsed_before = state.elapsed_s
+        try:
+            self.optimizer.load_state_dict(parts["optimizer"])
+            group = self.optimizer.param_groups[-1]
+            self.schedule.load_state_dict(parts["scheduler"], group["lr"] / group["lr_scale"])
+            if self.scaler and parts["scaler"]:
+                self.scaler.load_state_dict(parts["scaler"])
+            self._load_rank_state(parts["ranks"])
+        except (KeyError, ValueError, RuntimeError, TypeError) as e:
+            raise UsageError(f"checkpoint {source} lacks a usable training state ({e}); it cannot be resumed") from None
 
     # -- the loop --------------------------------------------------------------------------
 
-    def run(self) -> str:
-        """Train until a limit, early stop or stop request; evaluate at the end. Returns why it stopped."""
-        tc = self.config.train
-        first_step, last_eval, reason, loss = self.step, self.step, "", None
-        self.run_start = time.perf_counter()
-        self.reporter.start(self.step, tc.max_steps or None, tc.max_seconds)
+    def run(self) -> TrainSummary | None:
+        """Train until a limit, early stop or stop request, then score best.pt on the validation split. Returns the
+        summary on rank 0 (None on the others); the metrics are closed however the run ends."""
         try:
-            if tc.eval_at_start and self.step == 0:
-                self._evaluate(None)
-            while not reason:
+            self._loop()
+            if not self.dist.is_main:
+                return None
+            summary = self._summary()
+            self.metrics.finish(summary.to_dict())
+            return summary
+        finally:
+            self.metrics.close()
+
+    def _loop(self) -> None:
+        tc, s = self.config.train, self.state
+        first_step, loss = s.step, None
+        self.loop_start = time.perf_counter()
+        self.reporter.start(s.step, tc.max_steps or None, tc.max_seconds)
+        try:
+            while True:
                 reason = self._limit_reached()
+                due = (s.step % tc.eval_interval == 0 and s.step > first_step) or (tc.eval_at_start and s.step == 0)
+                # The last evaluation and save are the periodic ones (a run that ends between two is evaluated as
+                # it ends; one that ends on an evaluation step is not evaluated twice).
+                if (due or reason) and self._evaluate(loss):
+                    reason = "early_stop"
                 if reason:
                     break
-                self.lr = self.schedule.lr(self.step, time.perf_counter() - self.run_start)
-                loss = self._timed_step(first=self.step == first_step)
-                self.reporter.step(self.step, loss, self.lr, self.tokens_per_s)
-                if tc.log_interval and self.step % tc.log_interval == 0:
+                s.lr = self.schedule.lr(s.step, time.perf_counter() - self.loop_start)
+                loss = self._timed_step(first=s.step == first_step)
+                self.reporter.step(s.step, loss, s.lr, s.tokens_per_s)
+                if tc.log_interval and s.step % tc.log_interval == 0:
                     self.metrics.step(self._record(loss))
-                if self.step % tc.eval_interval == 0:
-                    last_eval = self.step
-                    reason = "early_stop" if self._evaluate(loss) else ""
-            if last_eval != self.step or self.step == first_step:
-                self._evaluate(loss)
         except KeyboardInterrupt:  # Python callers (a notebook's Ctrl-C): keep what was trained, then propagate
-            if self.step > first_step and not self.dist.active:
+            if s.step > first_step and not self.dist.active:
                 self._save("last.pt")
             raise
         finally:
             self.reporter.close()
-        return reason
+        s.stop_reason = reason
 
     def _record(self, step_loss: torch.Tensor | None, **figures: float) -> dict:
         """What the loggers get: this step's figures (reading the loss is a device sync: only when logging)."""
+        s = self._clock()
         return {
-            "step": self.step,
-            "tokens": self.tokens,
+            "step": s.step,
+            "tokens": s.tokens,
             "step_loss": None if step_loss is None else step_loss.item(),
-            "lr": self.lr,
-            "tokens_per_s": self.tokens_per_s,
+            "lr": s.lr,
+            "tokens_per_s": s.tokens_per_s,
             "time": time.time(),
-            "elapsed_s": self.elapsed_before + time.perf_counter() - self.run_start,
+            "elapsed_s": s.elapsed_s,
             **figures,
         }
 
+    def _clock(self) -> RunState:
+        """The state with elapsed_s brought up to now: seconds in the loop, over all invocations."""
+        self.state.elapsed_s = self.elapsed_before + time.perf_counter() - self.loop_start
+        return self.state
+
     def _limit_reached(self) -> str:
         """'max_steps', 'max_seconds' or '' — the same on every rank; a stop request saves and raises here."""
-        tc = self.config.train
-        if tc.max_steps and self.step >= tc.max_steps:
+        tc, s = self.config.train, self.state
+        if tc.max_steps and s.step >= tc.max_steps:
             return "max_steps"
-        time_up = bool(tc.max_seconds) and time.perf_counter() - self.run_start >= tc.max_seconds
+        time_up = bool(tc.max_seconds) and time.perf_counter() - self.loop_start >= tc.max_seconds
         signum = self.stop.requested or 0
         if self.dist.active:  # no rank stops alone and leaves the others hanging
             flags = self.dist.max_(torch.tensor([float(time_up), float(signum)], device=self.device))
             time_up, signum = bool(flags[0].item()), int(flags[1].item())
         if signum:
-            self._save("last.pt")
-            raise Interrupted(self._interrupt_message(signum), signum)
+            saved = self._save("last.pt")
+            name = signal.Signals(signum).name
+            raise Interrupted(f"{name} received: stopped at step {s.step} and saved {saved}", signum, saved=saved)
         return "max_seconds" if time_up else ""
 
     def _timed_step(self, first: bool) -> torch.Tensor:
+        s = self.state
         t0 = time.perf_counter()
         loss = self._first_step() if first else self._optimizer_step()
         dt = time.perf_counter() - t0
@@ -193,13 +218,13 @@ class Trainer:
             raise self._stopped_before_training()
         self.stop.arm()
         per_step_tokens = self.step_tokens * self.dist.world_size  # pairs: rank 0's count stands for each rank's
-        self.step += 1
-        self.tokens += per_step_tokens
+        s.step += 1
+        s.tokens += per_step_tokens
         if first and self.forward is not self.uncompiled:
-            self.compile_s = dt  # the first compiled step includes compilation: report it apart
+            s.compile_s = dt  # the first compiled step includes compilation: report it apart
         else:
-            self.train_s += dt
-            self.timed_tokens += per_step_tokens
+            s.train_s += dt
+            s.timed_tokens += per_step_tokens
         return loss
 
     def _first_step(self) -> torch.Tensor:
@@ -220,13 +245,13 @@ class Trainer:
 
     def _optimizer_step(self) -> torch.Tensor:
         tc = self.config.train
-        self.optimizer.set_lr(self.lr)
+        self.optimizer.set_lr(self.state.lr)
         loss_sum = torch.zeros((), device=self.device)
         self.step_tokens = 0
         for micro in range(tc.grad_accum):
-            x, y = self.sampler.next_batch()  # text: windows (B, T); pairs: (sources, BOS + targets)
+            x, y = self.batches.next_batch()  # text: windows (B, T); pairs: (sources, BOS + targets)
             inputs = x if isinstance(x, tuple) else (x,)
-            self.step_tokens += self.sampler.last_tokens if isinstance(self.sampler, PairBatches) else y.numel()
+            self.step_tokens += self.batches.last_tokens if isinstance(self.batches, PairBatches) else y.numel()
             sync = not self.dist.active or micro == tc.grad_accum - 1  # DDP all-reduces on the last micro-step only
             with (
                 contextlib.nullcontext()
@@ -242,7 +267,7 @@ class Trainer:
             self.dist.sum_(loss_sum).div_(self.dist.world_size)
         if not torch.isfinite(loss_sum):  # stop before the optimizer step, so no weight is touched
             raise WorkError(
-                f"loss became {loss_sum.item()} at step {self.step + 1}; training stopped before "
+                f"loss became {loss_sum.item()} at step {self.state.step + 1}; training stopped before "
                 "updating the weights, the last checkpoints are untouched (try a lower train.lr or train.grad_clip)"
             )
         optimizers = self.optimizer.optimizers
@@ -263,135 +288,85 @@ class Trainer:
     # -- evaluation and checkpoints --------------------------------------------------------
 
     def _evaluate(self, step_loss: torch.Tensor | None) -> bool:
-        """Score the fixed windows, log, checkpoint; True when early stopping should end the run."""
+        """Score, log, checkpoint (best.pt when the estimate improved, last.pt always); True when early stopping
+        should end the run."""
         t0 = time.perf_counter()
-        tc = self.config.train
-        if isinstance(self.corpus, PairCorpus):
-            val = self._pairs_loss(self.corpus.val[: tc.eval_windows])
-            train = self._pairs_loss(self.corpus.train[: tc.eval_windows])
-        else:
-            val_starts, train_starts = self.val_starts, self.train_starts
-            if tc.eval_sampling == "random":  # fresh windows from the seed and the step: a resume draws the same
-                T, n = self.config.model.block_size, tc.eval_windows
-                val_starts = fixed_windows(self.corpus.val, T, n, seed=tc.seed + 3 + 2 * self.step)
-                train_starts = fixed_windows(self.corpus.train, T, n, seed=tc.seed + 4 + 2 * self.step)
-            val = self._windows_loss(self.corpus.val, val_starts)
-            train = self._windows_loss(self.corpus.train, train_starts)
+        tc, s = self.config.train, self.state
+        train, val = self.scoring.losses(self.model, s.step)
         if not (math.isfinite(val) and math.isfinite(train)):  # the last step left non-finite weights: save nothing
             raise WorkError(
-                f"loss became {val} at step {self.step} (evaluation); training stopped without saving, the last "
+                f"loss became {val} at step {s.step} (evaluation); training stopped without saving, the last "
                 "checkpoints are untouched (try a lower train.lr or train.grad_clip)"
             )
-        improved = val < self.best_val
-        self.best_val = min(val, self.best_val)
-        self.evals_since_best = 0 if improved else self.evals_since_best + 1
-        if self.schedule.observe(val, self.step):  # the plateau rule lowered the lr: log the new one
-            self.lr = self.schedule.lr(self.step, time.perf_counter() - self.run_start)
+        improved = val < s.best_val_loss
+        s.best_val_loss = min(val, s.best_val_loss)
+        s.evals_since_best = 0 if improved else s.evals_since_best + 1
+        if self.schedule.observe(val, s.step):  # the plateau rule lowered the lr: log the new one
+            s.lr = self.schedule.lr(s.step, time.perf_counter() - self.loop_start)
         record = self._record(step_loss, train_loss=train, val_loss=val)
         self.metrics.evaluation(record)
         if improved:
             self._save("best.pt")
         self._save("last.pt")
-        self.eval_s += time.perf_counter() - t0
-        self.reporter.evaluation(self.step, train, val, self.lr, self.tokens_per_s, record["elapsed_s"], improved)
-        return bool(tc.early_stop_patience) and self.evals_since_best >= tc.early_stop_patience
+        s.eval_s += time.perf_counter() - t0
+        self.reporter.evaluation(s.step, train, val, s.lr, s.tokens_per_s, s.elapsed_s, improved)
+        return bool(tc.early_stop_patience) and s.evals_since_best >= tc.early_stop_patience
 
-    def _windows_loss(self, ids: torch.Tensor, starts: torch.Tensor) -> float:
-        """Mean loss on fixed windows; under DDP each rank scores its share and the sums are added up."""
-        d = self.dist
-        if isinstance(self.model, EncoderOnly):  # the loss of restoring hidden characters (hidden alike each time)
-            total, _, count = masked_score(
-                self.model, ids, starts[d.rank :: d.world_size], self.device, amp_dtype=self.amp_dtype
-            )
-            both = d.sum_(torch.tensor([total, float(count)], dtype=torch.float64, device=self.device))
-            return (both[0] / both[1]).item()
-        total, count = windows_total(
-            self.model,
-            ids,
-            starts[d.rank :: d.world_size],
-            self.config.model.block_size,
-            self.device,
-            amp_dtype=self.amp_dtype,
+    def _save(self, name: str) -> Path:
+        """Every rank takes part (each rank's random streams are gathered); rank 0's folder writes."""
+        ranks = self.dist.gather({"rng": rng_state(), "sampler": self.batches.state_dict()})
+        parts = {
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.schedule.state_dict(),
+            "scaler": self.scaler.state_dict() if self.scaler else None,
+            "ranks": ranks,
+        }
+        return self.folder.save(name, self.model, self._clock(), parts)
+
+    def _summary(self) -> TrainSummary:
+        """The run's state and the final validation pass of best.pt."""
+        best = load_checkpoint(self.folder.path / "best.pt").build_model(self.device)
+        full, whole = final_pass(best, self.corpus, self.config, self.device, self.amp_dtype)
+        return TrainSummary.of(
+            self.state,
+            full,
+            whole,
+            self.corpus.tokenizer.unit,
+            wall_s=time.perf_counter() - self.started,
+            params=sum(p.numel() for p in self.model.parameters()),
+            device=str(self.device),
+            out_dir=str(self.folder.path),
+            peak_memory_mb=peak_memory_mb(self.device),
         )
-        both = d.sum_(torch.tensor([total, float(count)], dtype=torch.float64, device=self.device))
-        return (both[0] / both[1]).item()
-
-    def _pairs_loss(self, pairs: list[Pair]) -> float:
-        """Mean loss per target character on fixed lines; under DDP each rank scores its share."""
-        d = self.dist
-        total, count = pairs_total(self.model, pairs[d.rank :: d.world_size], self.device, amp_dtype=self.amp_dtype)
-        both = d.sum_(torch.tensor([total, float(count)], dtype=torch.float64, device=self.device))
-        return (both[0] / both[1]).item()
-
-    def training_state(self) -> TrainingState:
-        """Every rank takes part: it gathers each rank's random streams."""
-        return TrainingState(
-            step=self.step,
-            tokens=self.tokens,
-            best_val_loss=self.best_val,
-            evals_since_best=self.evals_since_best,
-            elapsed_s=self.elapsed_before + self.train_s + self.eval_s,
-            optimizer=self.optimizer.state_dict(),
-            scheduler=self.schedule.state_dict(),
-            scaler=self.scaler.state_dict() if self.scaler else None,
-            world_size=self.dist.world_size,
-            global_batch=self.global_batch,
-            ranks=self.dist.gather({"rng": rng_state(), "sampler": self.sampler.state_dict()}),
-        )
-
-    def load_training_state(self, state: TrainingState, source: Path) -> None:
-        self.step, self.tokens = state.step, state.tokens
-        self.best_val, self.evals_since_best = state.best_val_loss, state.evals_since_best
-        self.elapsed_before = state.elapsed_s
-        try:
-            self.optimizer.load_state_dict(state.optimizer)
-            group = self.optimizer.param_groups[-1]
-            self.schedule.load_state_dict(state.scheduler, group["lr"] / group["lr_scale"])
-            if self.scaler and state.scaler:
-                self.scaler.load_state_dict(state.scaler)
-            self._load_rank_state(state.ranks)
-        except (KeyError, ValueError, RuntimeError, TypeError) as e:
-            raise UsageError(f"checkpoint {source} lacks a usable training state ({e}); it cannot be resumed") from None
 
     def _load_rank_state(self, ranks: list[dict]) -> None:
         if len(ranks) == self.dist.world_size:
             set_rng_state(ranks[self.dist.rank]["rng"])
-            self.sampler.load_state_dict(ranks[self.dist.rank]["sampler"])
+            self.batches.load_state_dict(ranks[self.dist.rank]["sampler"])
             return
         # Another world size: each rank's streams are re-derived from the seed, its rank and the step. Training
         # goes on from the same weights and optimizer state, with fresh batches: statistically the same run,
         # not step-for-step identical to either world size.
-        fresh = seed_for_rank(self.config.train.seed, self.dist.rank) + self.step
+        fresh = seed_for_rank(self.config.train.seed, self.dist.rank) + self.state.step
         seed_everything(fresh)
-        self.sampler.generator.manual_seed(fresh)
+        self.batches.generator.manual_seed(fresh)
         self.reporter.info(
             f"world size changed from {len(ranks)} to {self.dist.world_size}: batch and dropout "
             "streams re-derived (the run continues, not step-for-step identically)"
         )
-
-    def _save(self, name: str) -> None:
-        training = self.training_state()
-        if not self.dist.is_main:
-            return
-        try:
-            if not self.config_written:  # with the first checkpoint, so that nothing is written before training
-                atomic_write(self.out_dir / "config.yaml", lambda f: f.write(self.config.to_yaml().encode()))
-                self.config_written = True
-            save_training_checkpoint(self.out_dir / name, self.config, self.corpus.tokenizer, self.model, training)
-        except OSError as e:
-            raise WorkError(
-                f"could not write checkpoint {self.out_dir / name}: {e.strerror or e}; the previous checkpoint is "
-                "untouched (free some disk space, then `charlm train --resume`)"
-            ) from e
 
     def _stopped_before_training(self) -> Interrupted:
         signum = self.stop.requested or signal.SIGINT
         name = signal.Signals(signum).name
         return Interrupted(f"{name} received before training started; nothing was written", signum)
 
-    def _interrupt_message(self, signum: int) -> str:
-        name = signal.Signals(signum).name
-        return (
-            f"{name} received: stopped at step {self.step} and saved {self.out_dir / 'last.pt'}; "
-            f"continue with `charlm train --resume --out-dir {self.out_dir}`"
-        )
+
+def peak_memory_mb(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    try:
+        import resource  # POSIX only
+    except ImportError:
+        return 0.0
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss / 2**20 if sys.platform == "darwin" else rss / 1024  # bytes on macOS, KiB on Linux

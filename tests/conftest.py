@@ -160,7 +160,8 @@ class CorpusServer:
                     route(self, server.requests[self.path])
 
         self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        # A short poll, so that shutdown() returns at once rather than after serve_forever's default half second.
+        self.thread = threading.Thread(target=lambda: self.httpd.serve_forever(poll_interval=0.02), daemon=True)
 
     def url(self, route: str) -> str:
         return f"http://127.0.0.1:{self.httpd.server_address[1]}/{route}"

@@ -34,8 +34,10 @@ def two_runs(tmp_path_factory, corpus):
     """A working folder with runs/old and runs/new, new written last."""
     work = tmp_path_factory.mktemp("work")
     _train(work, "runs/old", corpus, "--seed", "1")
-    time.sleep(0.05)  # distinct modification times
     _train(work, "runs/new", corpus, "--seed", "2")
+    now = time.time()  # modification times set, not waited for: some file systems keep whole seconds
+    for path in (work / "runs" / "old").iterdir():
+        os.utime(path, (now - 60, now - 60))
     return work
 
 

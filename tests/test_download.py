@@ -2,6 +2,7 @@
 
 import socket
 
+import pytest
 from conftest import EXCERPT_SHA256, FULL_CORPUS_BYTES, FULL_CORPUS_SHA256, assert_one_line_error, run_cli, sha256
 
 VERIFY = ("--sha256", EXCERPT_SHA256)  # the shipped excerpt is not the default corpus: name its hash
@@ -50,14 +51,25 @@ def test_url_option_wins_over_the_env_mirror(server, tmp_path):
     assert result.returncode == 0 and sha256(dest) == EXCERPT_SHA256
 
 
-def test_retry_after_a_transient_failure(server, tmp_path):
+@pytest.fixture
+def waits(monkeypatch) -> list[float]:
+    """The backoff waits a download asks for, recorded instead of slept through."""
+    import charlm.download
+
+    asked: list[float] = []
+    monkeypatch.setattr(charlm.download, "wait_before_retry", asked.append)
+    return asked
+
+
+def test_retry_after_a_transient_failure(server, tmp_path, waits):
     dest = tmp_path / "t.txt"
     result = run_cli("download", "--url", server.url("flaky"), "--dest", dest, "--retries", "2", *VERIFY)
     assert result.returncode == 0, result.stderr
     assert server.requests["/flaky"] == 2 and sha256(dest) == EXCERPT_SHA256
+    assert waits == [1.0]  # one failure, one wait
 
 
-def test_truncated_body_leaves_no_file(server, tmp_path):
+def test_truncated_body_leaves_no_file(server, tmp_path, waits):
     dest = tmp_path / "t.txt"
     result = run_cli("download", "--url", server.url("truncated"), "--dest", dest, "--retries", "1", *VERIFY)
     assert_one_line_error(result, 1, server.url("truncated"), "truncated", "--url file://")
@@ -97,7 +109,7 @@ def _closed_port() -> int:
         return s.getsockname()[1]
 
 
-def test_unreachable_host_gives_up_quickly_with_an_offline_hint(tmp_path):
+def test_unreachable_host_gives_up_quickly_with_an_offline_hint(tmp_path, waits):
     import inspect
 
     from charlm.download import download
@@ -105,8 +117,9 @@ def test_unreachable_host_gives_up_quickly_with_an_offline_hint(tmp_path):
     url = f"http://127.0.0.1:{_closed_port()}/input.txt"
     dest = tmp_path / "t.txt"
     # every attempt is made, but the test does not sleep through the 1 + 2 + 4 + 8 s of the default backoff
-    result = run_cli("download", "--url", url, "--dest", dest, "--retries", "1")
-    assert_one_line_error(result, 1, url, "after 2 attempt(s)", "CHARLM_DATA_URL")
+    result = run_cli("download", "--url", url, "--dest", dest, "--retries", "2")
+    assert_one_line_error(result, 1, url, "after 3 attempt(s)", "CHARLM_DATA_URL")
+    assert waits == [1.0, 2.0]  # doubling between attempts, none after the last
     assert not dest.exists() and _no_temp_files(tmp_path)
     defaults = inspect.signature(download).parameters
     retries, backoff = defaults["retries"].default, defaults["backoff"].default
