@@ -246,3 +246,13 @@ def assert_resume_is_exact(common: list, folder: Path, steps: int = 12) -> None:
     a = load_checkpoint(folder / "straight" / "last.pt").state["model"]
     b = load_checkpoint(folder / "split" / "last.pt").state["model"]
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def pytest_configure(config) -> None:
+    """Under pytest-xdist each worker gets one core's worth of threads (its subprocesses too), so that two workers on
+    a 2-core machine do not fight over the same cores."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        import torch
+
+        os.environ["OMP_NUM_THREADS"] = "1"
+        torch.set_num_threads(1)

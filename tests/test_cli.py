@@ -1,5 +1,8 @@
+"""The command line as a whole: help, --version, the console script, option and config errors, --debug, --json."""
+
 import json
 
+import pytest
 from conftest import SMALL, assert_one_line_error, run_cli
 
 from charlm import __version__
@@ -23,6 +26,7 @@ def test_version():
     assert result.returncode == 0 and result.stdout.strip() == f"charlm {__version__}"
 
 
+@pytest.mark.process
 def test_python_dash_m_and_the_console_script_agree():
     """The console script itself is the subject: it must be installed (pip install -e .) beside this Python."""
     import shutil
@@ -55,6 +59,7 @@ def test_several_config_errors_are_listed_together(tmp_path, corpus):
     assert "train.lr" in result.stderr and "Traceback" not in result.stderr
 
 
+@pytest.mark.process
 def test_debug_shows_the_traceback(tmp_path):
     result = run_cli("--debug", "eval", tmp_path / "missing.pt", process=True)  # the interpreter prints it
     assert result.returncode != 0 and "Traceback" in result.stderr

@@ -149,6 +149,7 @@ def test_resume_compares_a_given_config_file_too(tmp_path, corpus):
     "args",
     [["--help"], ["config"], ["config", "--keys"], ["download", "--help"], ["train", "--help"], ["sample", "--help"]],
 )
+@pytest.mark.process
 def test_fast_commands_do_not_import_torch(args):
     code = (
         "import sys\nfrom charlm.cli import main\ntry:\n    main(sys.argv[1:])\nexcept SystemExit as e:\n"
@@ -164,6 +165,7 @@ def test_fast_commands_do_not_import_torch(args):
     assert result.returncode == 0, result.stderr
 
 
+@pytest.mark.process
 def test_download_does_not_import_torch(corpus, tmp_path):
     code = (
         "import sys\nfrom charlm.cli import main\ntry:\n    main(sys.argv[1:])\nexcept SystemExit as e:\n"
@@ -188,6 +190,7 @@ def test_help_shows_the_choices_of_fixed_value_options():
     assert_one_line_error(run_cli("eval", "--split", "tset"), 2, "--split", "tset")
 
 
+@pytest.mark.process
 def test_device_completes_in_the_shell():
     env = {"_CHARLM_COMPLETE": "complete_bash", "COMP_WORDS": "charlm sample --device c", "COMP_CWORD": "3"}
     result = subprocess.run(

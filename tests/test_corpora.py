@@ -147,6 +147,7 @@ def test_a_damaged_prepared_file_is_rebuilt_never_trusted(text_file, damage):
     assert torch.equal(again.ids, good)
 
 
+@pytest.mark.process
 def test_two_processes_preparing_the_same_corpus_at_once_both_get_it_whole(tmp_path, corpus):
     big = tmp_path / "big.txt"
     big.write_bytes(corpus.read_bytes() * 20)  # 2.4 MB: long enough for the two to overlap
@@ -174,6 +175,7 @@ def _limit_file_size() -> None:
     resource.setrlimit(resource.RLIMIT_FSIZE, (50_000, 50_000))
 
 
+@pytest.mark.process
 def test_a_full_disk_while_preparing_leaves_nothing_half_written(tmp_path, corpus):
     """The process is the subject (its file-size limit stands in for a full disk), so it runs as a subprocess."""
     data = tmp_path / "t.txt"

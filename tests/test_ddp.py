@@ -21,7 +21,7 @@ from charlm.device import seed_everything
 from charlm.model import GPT
 from charlm.trainer import make_optimizer, seed_for_rank
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.process]
 TINY = [
     "--config",
     "tiny",

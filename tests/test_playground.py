@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 from serve_helpers import ServerProcess
 
+pytestmark = pytest.mark.process  # a real browser against a real `charlm serve` process
+
 pytest.importorskip("fastapi", reason="charlm serve needs the serve extra: pip install -e '.[test]'")
 webdriver = pytest.importorskip("selenium.webdriver", reason="the browser test drives Chromium with selenium")
 

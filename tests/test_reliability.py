@@ -145,6 +145,7 @@ def test_disk_full_during_training_stops_with_a_clear_error_and_keeps_the_last_c
 
 
 @pytest.mark.slow
+@pytest.mark.process
 def test_kill_9_at_random_moments_never_leaves_a_broken_last_pt(tmp_path, corpus):
     run = tmp_path / "run"
     rng = random.Random(0)
@@ -208,6 +209,7 @@ def test_resume_is_exact_per_step_losses_and_final_weights(tmp_path, corpus):
 
 
 @pytest.mark.parametrize("signum,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+@pytest.mark.process
 def test_a_signal_during_training_saves_and_exits_with_its_code(tmp_path, corpus, signum, code):
     run = tmp_path / "run"
     proc = _popen("train", *SMALL, "--data", corpus, "--out-dir", run, "--max-steps", "100000", "--quiet")
@@ -227,6 +229,7 @@ def test_a_signal_during_training_saves_and_exits_with_its_code(tmp_path, corpus
 
 
 @pytest.mark.slow
+@pytest.mark.process
 def test_a_signal_during_compilation_exits_at_once_and_writes_nothing(tmp_path, corpus):
     run = tmp_path / "run"
     # an empty inductor cache, so that compilation really happens (and takes many seconds) in this run

@@ -97,6 +97,7 @@ class Terminal:
         raise AssertionError("the REPL did not exit")
 
 
+@pytest.mark.process
 def test_terminal_prompt_temperature_ctrl_c_ctrl_d(tiny_checkpoint):
     term = Terminal("sample", str(tiny_checkpoint), "--interactive", "--max-new-tokens", "30")
     try:
@@ -131,6 +132,7 @@ def test_terminal_prompt_temperature_ctrl_c_ctrl_d(tiny_checkpoint):
 
 
 @pytest.mark.parametrize("command,message", [("/top-p 2", "--top-p must be in (0, 1]"), ("/nope", "unknown command")])
+@pytest.mark.process
 def test_terminal_mistake_keeps_the_session(tiny_checkpoint, command, message):
     term = Terminal("sample", str(tiny_checkpoint), "--interactive")
     try:

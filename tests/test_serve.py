@@ -13,6 +13,8 @@ import pytest
 from conftest import assert_one_line_error, run_cli
 from serve_helpers import ServerProcess
 
+pytestmark = pytest.mark.process  # every test here talks to a real `charlm serve` process over loopback HTTP
+
 openai = pytest.importorskip("openai", reason="the server tests use the openai client: pip install -e '.[test]'")
 pytest.importorskip("fastapi", reason="charlm serve needs the serve extra: pip install -e '.[test]'")
 

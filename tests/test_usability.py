@@ -51,6 +51,7 @@ def test_piped_output_has_no_ansi_codes_or_progress_bar(tmp_path, corpus):
     assert "done (max_steps)" in result.stdout
 
 
+@pytest.mark.process
 def test_a_terminal_gets_colour_and_no_color_turns_it_off(tmp_path, corpus):
     coloured = run_in_tty("train", *SMALL, "--data", corpus, "--out-dir", tmp_path / "a", "--max-steps", "20")
     assert "\x1b[" in coloured and "done" in coloured
@@ -62,6 +63,7 @@ def test_a_terminal_gets_colour_and_no_color_turns_it_off(tmp_path, corpus):
     assert "\x1b[" not in evaluated and "nats/char" in evaluated
 
 
+@pytest.mark.process
 def test_a_time_budgeted_run_shows_seconds_and_the_time_left_on_a_terminal(tmp_path, corpus):
     screen = run_in_tty(
         "train", *SMALL, "--data", corpus, "--out-dir", tmp_path / "r", "--max-steps", "0", "--max-seconds", "3"
@@ -71,6 +73,7 @@ def test_a_time_budgeted_run_shows_seconds_and_the_time_left_on_a_terminal(tmp_p
     assert re.search(r"\d+%\|.*\| \d/3 s \[00:0\d<00:0\d, step [\d,]+ loss \d\.\d{4}", bars[-1]), bars[-1]
 
 
+@pytest.mark.process
 def test_a_step_limited_run_counts_steps(tmp_path, corpus):
     screen = run_in_tty("train", *SMALL, "--data", corpus, "--out-dir", tmp_path / "r", "--max-steps", "300")
     assert re.search(r"\d+/300 \[", screen), screen

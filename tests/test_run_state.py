@@ -1,0 +1,42 @@
+"""The loop's one state object: saved whole in every checkpoint, the summary built from it, older checkpoints read."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from charlm.checkpoint import load_checkpoint, save_checkpoint
+from charlm.config import load_config
+from charlm.run import run_training
+from charlm.run_state import INVOCATION_FIELDS, RunState
+
+SETS = ["model.n_layer=1", "model.n_embd=32", "model.block_size=16", "train.eval_interval=4", "train.eval_windows=8"]
+
+
+def test_a_checkpoint_holds_the_run_state_whole_and_the_summary_agrees(tmp_path, corpus):
+    config = load_config("tiny", [*SETS, f"data.path={corpus}", "train.max_steps=10"])
+    summary = run_training(config, tmp_path / "run", quiet=True)
+    assert summary is not None
+    stored = load_checkpoint(tmp_path / "run" / "last.pt").state
+    saved = RunState.from_dict(stored)
+    assert (saved.step, saved.tokens, saved.best_val_loss) == (summary.steps, summary.tokens, summary.best_val_loss)
+    assert (saved.world_size, saved.global_batch) == (summary.world_size, summary.global_batch) == (1, 16)
+    assert saved.tokens == 10 * 16 * 16 and saved.elapsed_s > 0 and saved.lr > 0
+    assert stored["train_s"] > 0 and stored["stop_reason"] == ""  # saved whole: this invocation's counters too
+    # ...but a resume starts this invocation's counters at zero
+    assert all(getattr(saved, name) == getattr(RunState(), name) for name in INVOCATION_FIELDS)
+
+
+def test_a_checkpoint_from_before_the_run_state_still_resumes(tmp_path, corpus):
+    config = load_config("tiny", [*SETS, f"data.path={corpus}", "train.max_steps=8"])
+    run_training(config, tmp_path / "run", quiet=True)
+    last = tmp_path / "run" / "last.pt"
+    state = torch.load(last, weights_only=True)
+    for newer in ("tokens", "evals_since_best", "elapsed_s", "lr", *INVOCATION_FIELDS):  # what the oldest lack
+        state.pop(newer)
+    save_checkpoint(last, state)
+    summary = run_training(None, tmp_path / "run", resume=True, resume_changes={"train.max_steps": 12}, quiet=True)
+    assert summary is not None and summary.steps == 12
+    assert summary.tokens == 4 * 16 * 16  # counted from the resume: the old checkpoint did not record its own
+    assert math.isfinite(summary.best_val_loss)
