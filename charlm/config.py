@@ -203,7 +203,10 @@ class TrainConfig:
     seed: int = documented(1337, "seed for Python, torch and the batch sampler", ge=0)
     device: str = documented("auto", "auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = documented(
-        "auto", "autocast dtype: auto = bfloat16 on CUDA where supported, else float16; float32 elsewhere"
+        "auto",
+        "autocast dtype: auto = bfloat16 on CUDA where supported, else float16; on CPUs with AMX-BF16, bfloat16 "
+        "for models wide enough to gain (n_embd >= 256, or >= 128 with batch x context x n_embd >= 1.5M); "
+        "float32 elsewhere",
     )
     compile: Literal["auto", "true", "false"] = documented("auto", "torch.compile: auto = on CUDA only; true; false")
     loggers: list[Logger] = documented(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import random
 
 import torch
@@ -46,17 +47,54 @@ def pick_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def autocast_dtype(device: torch.device, requested: str) -> torch.dtype | None:
-    """None means plain float32. `auto` uses bf16 on CUDA where supported, else fp16; float32 elsewhere."""
+def autocast_dtype(device: torch.device, requested: str, width: int = 0, tokens: int = 0) -> torch.dtype | None:
+    """None means plain float32. `auto`: bf16 on CUDA where supported, else fp16; on a CPU with AMX-BF16, bf16 when a
+    model `width` wide on micro-batches of `tokens` is big enough to gain (cpu_bf16_pays); float32 elsewhere."""
     if requested == "float32":
         return None
     if requested == "auto":
+        if device.type == "cpu":
+            return torch.bfloat16 if has_amx_bf16() and cpu_bf16_pays(width, tokens) else None
         if device.type != "cuda":
             return None
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
     if requested == "float16" and device.type == "cpu":
         raise UsageError("train.dtype float16 is for GPUs; on the CPU use bfloat16 or float32")
     return getattr(torch, requested)
+
+
+@functools.cache
+def has_amx_bf16() -> bool:
+    """Whether this CPU multiplies bf16 matrices on AMX tiles (Intel Xeon since Sapphire Rapids). CPUs with only
+    AVX-512 BF16 are left at float32: not measured here, so not assumed to gain."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            return "amx_bf16" in f.read().split()
+    except OSError:  # not Linux: no run-time check, float32
+        return False
+
+
+def cpu_bf16_pays(width: int, tokens: int) -> bool:
+    """Where bf16 autocast trained faster than float32 on an AMX CPU (scripts/bench_bf16.py, docs/benchmarks.md):
+    from 256 wide at any batch (1.2x and more), from 128 wide once a micro-batch holds 1.5M token-features (batch x
+    context x width: the G2P recipe, 1.2x); narrower or smaller the casts cost about what the tiles save, or more."""
+    return width >= 256 or (width >= 128 and width * tokens >= 1_500_000)
+
+
+def precision_name(dtype: torch.dtype | None) -> str:
+    return "float32" if dtype is None else str(dtype).removeprefix("torch.")
+
+
+def precision_words(dtype: torch.dtype | None, requested: str, device: torch.device) -> str:
+    """What a run's header says of its precision, and why when train.dtype was auto on a CPU."""
+    name = "float32" if dtype is None else f"{precision_name(dtype)} autocast"
+    if requested != "auto" or device.type != "cpu":
+        return name
+    if dtype is not None:
+        return f"{name} (this CPU has AMX-BF16 and the model is wide enough to gain; train.dtype=float32 turns it off)"
+    if has_amx_bf16():
+        return f"{name} (AMX-BF16 would not pay at this model's size; train.dtype=bfloat16 forces it)"
+    return f"{name} (no AMX-BF16 on this CPU)"
 
 
 def autocast(device: torch.device, dtype: torch.dtype | None) -> contextlib.AbstractContextManager:

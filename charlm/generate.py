@@ -45,7 +45,7 @@ def generate_ids(
     tokens = torch.empty(batch, len(prompt) + max_new_tokens, dtype=torch.long, device=device)
     tokens[:, : len(prompt)] = torch.tensor(prompt, dtype=torch.long, device=device)
     n, start = len(prompt), 0
-    cache = model.new_cache(batch, device) if use_cache else None
+    cache = model.new_cache(batch, device, next(model.parameters()).dtype) if use_cache else None
     # How far back the last position can see through n_layer sliding windows (relative encodings).
     reach = model.config.n_layer * (block_size - 1) + 1
     for _ in range(max_new_tokens):

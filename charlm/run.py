@@ -16,7 +16,7 @@ from charlm.arch import build_model
 from charlm.checkpoint import RUNS_DIR, Checkpoint, load_checkpoint
 from charlm.config import Config
 from charlm.data import Corpus
-from charlm.device import autocast_dtype, configure_backends, pick_device, seed_everything
+from charlm.device import configure_backends, pick_device, precision_words, seed_everything
 from charlm.distributed import Dist, setup, teardown
 from charlm.download import ensure_builtin_corpus
 from charlm.errors import UsageError
@@ -26,7 +26,7 @@ from charlm.pairs import PairCorpus
 from charlm.progress import TrainReporter
 from charlm.run_folder import RunFolder, check_out_dir, make_out_dir
 from charlm.run_state import TrainSummary
-from charlm.trainer import StopRequest, Trainer, seed_for_rank
+from charlm.trainer import StopRequest, Trainer, seed_for_rank, training_dtype
 
 # Keys that may change when resuming: limits and schedule knobs. Anything else would silently
 # make the resumed run a different run.
@@ -242,7 +242,7 @@ def _build(
 ) -> Trainer:
     """Data, model and trainer, every check done before the run folder is touched."""
     device = pick_device(device_name)
-    autocast_dtype(device, config.train.dtype)  # refuse an impossible dtype before loading anything
+    amp = training_dtype(config, device)  # refuses an impossible dtype before anything is loaded
     require_loggers(config)
     # Every rank asks for the prepared corpus; a lock lets the first prepare it while the others wait, then map it.
     corpus: Corpus | PairCorpus
@@ -290,6 +290,7 @@ def _build(
         trainer.resume(*ckpt.resume_state(), ckpt.path)
         reporter.info(f"resuming {out_dir / 'last.pt'} at step {trainer.state.step}")
     reporter.info(trainer.schedule.describe())
+    reporter.info(f"precision: {precision_words(amp, config.train.dtype, device)}")
     if dist.active:
         reporter.info(
             f"DDP: {dist.world_size} processes, global batch {trainer.state.global_batch} windows "

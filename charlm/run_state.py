@@ -71,11 +71,12 @@ class TrainSummary:
     peak_memory_mb: float  # RSS of this process on CPU; max allocated tensor memory on CUDA
     world_size: int  # processes (torchrun ranks)
     global_batch: int  # windows per optimizer step: batch_size x grad_accum x world_size
+    precision: str  # float32, or the autocast dtype (bfloat16, float16) of training and evaluation
 
     @classmethod
     def of(cls, state: RunState, full: EvalResult, whole: bool, unit: str, **run: Any) -> TrainSummary:
-        """The summary of a finished run: its state, the final pass, and `run`'s wall_s, params, device, out_dir and
-        peak_memory_mb."""
+        """The summary of a finished run: its state, the final pass, and `run`'s wall_s, params, device, out_dir,
+        peak_memory_mb and precision."""
         return cls(
             best_val_loss=state.best_val_loss,
             full_val_loss=full.loss,

@@ -23,7 +23,15 @@ from torch import nn
 from charlm.checkpoint import load_checkpoint
 from charlm.config import Config
 from charlm.data import Corpus, RandomWindows
-from charlm.device import autocast, autocast_dtype, rng_state, seed_everything, set_rng_state, should_compile
+from charlm.device import (
+    autocast,
+    autocast_dtype,
+    precision_name,
+    rng_state,
+    seed_everything,
+    set_rng_state,
+    should_compile,
+)
 from charlm.distributed import Dist
 from charlm.errors import CharlmError, Interrupted, UsageError, WorkError
 from charlm.masked import MaskedWindows
@@ -62,6 +70,12 @@ def compile_or_warn(model: nn.Module, reporter: TrainReporter) -> nn.Module:
         return model
 
 
+def training_dtype(config: Config, device: torch.device) -> torch.dtype | None:
+    """The run's autocast dtype (None: float32), from train.dtype, the device, and the size of a micro-batch."""
+    tokens = config.train.batch_size * config.model.block_size
+    return autocast_dtype(device, config.train.dtype, config.model.n_embd, tokens)
+
+
 def seed_for_rank(seed: int, rank: int) -> int:
     """Each rank's own batch and dropout streams; rank 0's is the single-process one."""
     return seed + 1_000_003 * rank
@@ -88,7 +102,7 @@ class Trainer:
         self.dist = dist or Dist()
         self.started = time.perf_counter() if started is None else started  # the invocation's start, for wall_s
         tc = config.train
-        self.amp_dtype = autocast_dtype(device, tc.dtype)  # decided once: steps, evaluations and the final pass
+        self.amp_dtype = training_dtype(config, device)  # decided once: steps, evaluations and the final pass
         self.optimizer = make_optimizer(model, tc, device)
         self.schedule = LRSchedule(tc)
         self.scaler = torch.amp.GradScaler(device.type) if self.amp_dtype == torch.float16 else None
@@ -337,6 +351,7 @@ class Trainer:
             device=str(self.device),
             out_dir=str(self.folder.path),
             peak_memory_mb=peak_memory_mb(self.device),
+            precision=precision_name(self.amp_dtype),
         )
 
     def _load_rank_state(self, ranks: list[dict]) -> None:

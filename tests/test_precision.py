@@ -1,0 +1,63 @@
+"""The autocast precision: what train.dtype=auto picks on a CPU, what a run's header and summary say, refusals."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from conftest import assert_one_line_error, run_cli
+
+from charlm.device import autocast_dtype, cpu_bf16_pays, has_amx_bf16
+
+CPU = torch.device("cpu")
+
+
+@pytest.mark.parametrize(
+    ("width", "tokens", "pays"),
+    [  # cells of scripts/bench_bf16.py's map on an AMX CPU (docs/benchmarks.md), and the G2P recipe
+        (96, 8192, False),  # the default recipe's width: slower in bf16 at every batch
+        (128, 768, False),  # nanoGPT's CPU shape: 0.76x
+        (128, 8192, False),  # 0.94x
+        (128, 256 * 48, True),  # configs/g2p.yaml: 1.2x
+        (192, 4096, False),  # 1.06x: too close to call
+        (192, 8192, True),  # 1.11x
+        (256, 768, True),  # 1.21x
+        (384, 2048, True),  # 1.34x
+    ],
+)
+def test_bf16_is_chosen_where_it_was_measured_to_pay(width, tokens, pays):
+    assert cpu_bf16_pays(width, tokens) is pays
+
+
+def test_auto_uses_bf16_on_a_cpu_only_with_amx_and_a_model_that_gains():
+    with open("/proc/cpuinfo", encoding="utf-8") as f:
+        amx = "amx_bf16" in f.read().split()
+    assert has_amx_bf16() is amx
+    assert autocast_dtype(CPU, "auto", 384, 4096) == (torch.bfloat16 if amx else None)
+    assert autocast_dtype(CPU, "auto", 96, 2048) is None  # the default model stays float32 everywhere
+    assert autocast_dtype(CPU, "float32", 384, 4096) is None
+    assert autocast_dtype(CPU, "bfloat16", 96, 2048) == torch.bfloat16  # asked for: given
+
+
+def test_the_header_and_the_summary_say_which_precision_trained(tmp_path, corpus):
+    common = ["train", "--config", "tiny", "--data", corpus, "--max-steps", "2", "--json"]
+    wide = ["--set", "model.n_embd=256", "--set", "model.n_head=4", "--set", "model.n_layer=1"]
+    narrow = run_cli(*common, "--out-dir", tmp_path / "narrow", check=True)
+    assert json.loads(narrow.stdout)["precision"] == "float32"
+    assert "precision: float32" in narrow.stderr
+    wide_run = run_cli(*common, *wide, "--out-dir", tmp_path / "wide", check=True)
+    expected = "bfloat16" if has_amx_bf16() else "float32"
+    assert json.loads(wide_run.stdout)["precision"] == expected
+    assert f"precision: {expected}" in wide_run.stderr
+    off = run_cli(*common, *wide, "--set", "train.dtype=float32", "--out-dir", tmp_path / "off", check=True)
+    assert json.loads(off.stdout)["precision"] == "float32"
+
+
+def test_float16_on_a_cpu_is_one_line(tmp_path, corpus):
+    result = run_cli(
+        "train", "--config", "tiny", "--data", corpus, "--device", "cpu", "--set", "train.dtype=float16",
+        "--out-dir", tmp_path / "r", "--max-steps", "1",
+    )  # fmt: skip
+    assert_one_line_error(result, 2, "float16 is for GPUs")
+    assert not (tmp_path / "r").exists()
