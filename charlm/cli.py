@@ -26,7 +26,7 @@ from charlm.cli_support import (
     remover_if_created,
     run_app,
 )
-from charlm.errors import Interrupted, UsageError
+from charlm.errors import Interrupted, SaveFailed, UsageError
 
 EXIT_CODES_HELP = "Exit codes: 0 ok, 1 runtime failure, 2 usage or config error, 130/143 interrupted (SIGINT/SIGTERM)."
 
@@ -202,6 +202,9 @@ def train(
                 raise
             hint = f"continue with `charlm train --resume --out-dir {request.out_dir}`"
             raise Interrupted(f"{e}; {hint}", e.signum, saved=e.saved) from None
+        except SaveFailed as e:
+            todo = f"free some disk space, then `charlm train --resume --out-dir {request.out_dir}`"
+            raise SaveFailed(e.what, todo) from None
     if summary is None:  # a rank other than 0 under torchrun: rank 0 reports
         return
     if json_out:

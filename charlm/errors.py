@@ -30,6 +30,14 @@ class WorkError(CharlmError):
     exit_code = FAILURE_EXIT
 
 
+class SaveFailed(WorkError):
+    """A checkpoint could not be written (a full disk): the previous one is untouched and the run can resume."""
+
+    def __init__(self, what: str, todo: str = "free some disk space, then resume the run"):
+        super().__init__(f"{what}; the previous checkpoint is untouched ({todo})")
+        self.what = what
+
+
 class Interrupted(CharlmError):
     """SIGINT or SIGTERM: exit with 128 + the signal's number, as shells report it (130, 143)."""
 

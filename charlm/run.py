@@ -1,7 +1,8 @@
-"""A training run: its folder, its configuration (fresh or resumed, decided here alone), its parts, its summary.
+"""A training run: its configuration (fresh or resumed, decided here alone), its folder checked, its parts built.
 
 `run_training` is what `charlm train` does and what Python callers use. It installs no signal handler: the command
-line passes its own StopRequest (charlm.signals), and a Python caller's Ctrl-C saves last.pt and propagates.
+line passes its own StopRequest (charlm.signals), and a Python caller's Ctrl-C saves last.pt and propagates. The
+folder's files are charlm.run_folder's; the loop, the final pass and the summary are the Trainer's.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ from torch import nn
 
 from charlm.checkpoint import save_training_checkpoint
 from charlm.config import Config
-from charlm.errors import UsageError, WorkError
+from charlm.errors import SaveFailed, UsageError
 from charlm.files import atomic_write, remove_stale_temps
 from charlm.run_state import RunState
 from charlm.tokenizer import Tokenizer
@@ -65,8 +65,5 @@ class RunFolder:
                 self.config_written = True
             save_training_checkpoint(target, self.config, self.tokenizer, model, state, parts)
         except OSError as e:
-            raise WorkError(
-                f"could not write checkpoint {target}: {e.strerror or e}; the previous checkpoint is untouched "
-                "(free some disk space, then resume the run)"
-            ) from e
+            raise SaveFailed(f"could not write checkpoint {target}: {e.strerror or e}") from e
         return target

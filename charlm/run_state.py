@@ -18,8 +18,8 @@ class RunState:
     tokens: int = 0  # training tokens seen, over all invocations (target characters, for pairs)
     best_val_loss: float = math.inf  # best periodic validation estimate (nats/token)
     evals_since_best: int = 0
-    elapsed_s: float = 0.0  # training and evaluation seconds, over all invocations
-    lr: float = 0.0  # the learning rate of the last step
+    elapsed_s: float = 0.0  # wall seconds in the training loop (compilation included), over all invocations
+    lr: float = 0.0  # the learning rate of the last step (0: not recorded, in checkpoints older than this field)
     world_size: int = 1  # processes (torchrun ranks)
     global_batch: int = 0  # windows per optimizer step: batch_size x grad_accum x world_size
     # This invocation's, zero again after a resume:
@@ -27,7 +27,6 @@ class RunState:
     eval_s: float = 0.0
     compile_s: float = 0.0  # the first compiled step, compilation included
     timed_tokens: int = 0  # tokens of the steps counted in train_s
-    stop_reason: str = ""  # max_steps, max_seconds or early_stop
 
     @property
     def tokens_per_s(self) -> float:
@@ -44,7 +43,7 @@ class RunState:
         return cls(**{name: type(getattr(cls(), name))(stored[name]) for name in kept if name in stored})
 
 
-INVOCATION_FIELDS = ("train_s", "eval_s", "compile_s", "timed_tokens", "stop_reason")
+INVOCATION_FIELDS = ("train_s", "eval_s", "compile_s", "timed_tokens")
 
 
 @dataclass
@@ -74,9 +73,11 @@ class TrainSummary:
     precision: str  # float32, or the autocast dtype (bfloat16, float16) of training and evaluation
 
     @classmethod
-    def of(cls, state: RunState, full: EvalResult, whole: bool, unit: str, **run: Any) -> TrainSummary:
-        """The summary of a finished run: its state, the final pass, and `run`'s wall_s, params, device, out_dir,
-        peak_memory_mb and precision."""
+    def of(
+        cls, state: RunState, stop_reason: str, full: EvalResult, whole: bool, unit: str, **run: Any
+    ) -> TrainSummary:
+        """The summary of a finished run: its state, why it stopped, the final pass, and `run`'s wall_s, params,
+        device, out_dir, peak_memory_mb and precision."""
         return cls(
             best_val_loss=state.best_val_loss,
             full_val_loss=full.loss,
@@ -90,7 +91,7 @@ class TrainSummary:
             eval_s=state.eval_s,
             compile_s=state.compile_s,
             tokens_per_s=state.tokens_per_s,
-            stop_reason=state.stop_reason,
+            stop_reason=stop_reason,
             world_size=state.world_size,
             global_batch=state.global_batch,
             **run,

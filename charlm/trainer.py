@@ -122,6 +122,7 @@ class Trainer:
         self.elapsed_before = 0.0  # loop seconds of earlier invocations
         self.loop_start = time.perf_counter()  # reset when the loop begins; time-based schedules count from it
         self.step_tokens = 0  # tokens (target characters, for pairs) of this rank's last step
+        self.stop_reason = ""  # why the loop ended: max_steps, max_seconds or early_stop
         # What the steps call: the model, wrapped in DistributedDataParallel under torchrun, then maybe compiled (a
         # compile that fails on the first step falls back to `uncompiled`: see _first_step).
         self.uncompiled: nn.Module = model
@@ -133,7 +134,8 @@ class Trainer:
 
     def resume(self, state: RunState, parts: dict[str, Any], source: Path) -> None:
         """Continue a saved run: its state and the optimizer's, schedule's, scaler's and random streams'."""
-        self.state = replace(state, world_size=self.dist.world_size, global_batch=self.state.global_batch)
+        world, batch = self.dist.world_size, self.state.global_batch
+        self.state = replace(state, world_size=world, global_batch=batch, lr=state.lr or self.config.train.lr)
         self.elapsed_before = state.elapsed_s
         try:
             self.optimizer.load_state_dict(parts["optimizer"])
@@ -167,13 +169,17 @@ class Trainer:
         self.reporter.start(s.step, tc.max_steps or None, tc.max_seconds)
         try:
             while True:
-                reason = self._limit_reached()
+                # The evaluation due at this step comes first, so that a stop or a time limit reached meanwhile
+                # keeps it; a run that ends between two evaluations is evaluated and saved as it ends, by the same
+                # code (one that ends on an evaluation step is not evaluated twice).
                 due = (s.step % tc.eval_interval == 0 and s.step > first_step) or (tc.eval_at_start and s.step == 0)
-                # The last evaluation and save are the periodic ones (a run that ends between two is evaluated as
-                # it ends; one that ends on an evaluation step is not evaluated twice).
-                if (due or reason) and self._evaluate(loss):
-                    reason = "early_stop"
-                if reason:
+                if due and self._evaluate(loss):
+                    self.stop_reason = "early_stop"
+                    break
+                self.stop_reason = self._limit_reached()
+                if self.stop_reason:
+                    if not due:
+                        self._evaluate(loss)
                     break
                 s.lr = self.schedule.lr(s.step, time.perf_counter() - self.loop_start)
                 loss = self._timed_step(first=s.step == first_step)
@@ -186,7 +192,6 @@ class Trainer:
             raise
         finally:
             self.reporter.close()
-        s.stop_reason = reason
 
     def _record(self, step_loss: torch.Tensor | None, **figures: float) -> dict:
         """What the loggers get: this step's figures (reading the loss is a device sync: only when logging)."""
@@ -343,6 +348,7 @@ class Trainer:
         full, whole = final_pass(best, self.corpus, self.config, self.device, self.amp_dtype)
         return TrainSummary.of(
             self.state,
+            self.stop_reason,
             full,
             whole,
             self.corpus.tokenizer.unit,
