@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -22,31 +23,35 @@ if TYPE_CHECKING:
     from charlm.tokenizer import Tokenizer
 
 
-class ArchMethods:
+class ArchMethods(abc.ABC):
     """Methods that exist for one architecture each; on another they raise a one-line UsageError (Model._wrong_arch).
 
-    What they use of the model is declared here and provided by charlm.api.Model.
+    What they use of the model is declared here, abstract, and provided by charlm.api.Model.
     """
 
     tokenizer: Tokenizer
     config: Config
 
     @property
+    @abc.abstractmethod
     def device(self) -> torch.device:
-        raise NotImplementedError  # Model's
+        """The device the model is on (charlm.api.Model provides it)."""
 
     @property
+    @abc.abstractmethod
     def encoder(self) -> EncoderOnly:
-        raise NotImplementedError  # Model's: the module, or a one-line error naming what this model does
+        """The encoder-only module, or a one-line error naming what this model does (charlm.api.Model)."""
 
     @property
+    @abc.abstractmethod
     def encoder_decoder(self) -> EncoderDecoder:
-        raise NotImplementedError  # Model's, likewise
+        """The encoder-decoder module, or a one-line error naming what this model does (charlm.api.Model)."""
 
+    @abc.abstractmethod
     def encode_prompt(
         self, prompt: str, unknown: UnknownPolicy = "error", replace_with: str | None = None
     ) -> list[int]:
-        raise NotImplementedError  # Model's
+        """The prompt's ids, or a one-line error naming what cannot be encoded (charlm.api.Model)."""
 
     def transduce(
         self,

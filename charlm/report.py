@@ -37,8 +37,12 @@ def print_train_summary(summary: TrainSummary) -> None:
     out.print(f"checkpoints in {s.out_dir}: best.pt, last.pt; metrics in {s.out_dir}/metrics.jsonl")
 
 
+def _what_was_scored(split: str, file: str) -> str:
+    return f"all of {file}" if split == "all" else f"{split} split of {file}"
+
+
 def print_eval_result(result: EvalResult) -> None:
-    scored = f"all of {result.file}" if result.split == "all" else f"{result.split} split of {result.file}"
+    scored = _what_was_scored(result.split, result.file)
     u = result.unit
     stdout_console().print(
         f"{scored}: loss {result.loss:.4f} nats/{u}, {result.bpc:.4f} bits/{u}, "
@@ -49,7 +53,7 @@ def print_eval_result(result: EvalResult) -> None:
 
 
 def print_transduction_result(r: TransductionResult) -> None:
-    scored = f"all of {r.file}" if r.split == "all" else f"{r.split} split of {r.file}"
+    scored = _what_was_scored(r.split, r.file)
     tokens = "" if r.token_error_rate is None else f", token error rate {100 * r.token_error_rate:.2f}%"
     decoding = "greedy" if r.beam == 1 else f"beam {r.beam}"
     stdout_console().print(
@@ -61,7 +65,7 @@ def print_transduction_result(r: TransductionResult) -> None:
 
 
 def print_masked_result(r: MaskedResult) -> None:
-    scored = f"all of {r.file}" if r.split == "all" else f"{r.split} split of {r.file}"
+    scored = _what_was_scored(r.split, r.file)
     stdout_console().print(
         f"{scored}: {r.chars:,} hidden characters (15% of each window, the same every time): restored "
         f"{100 * r.accuracy:.2f}%, loss {r.loss:.4f} nats/char ({r.bpc:.4f} bits)",

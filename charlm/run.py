@@ -243,7 +243,7 @@ def _build(
 ) -> Trainer:
     """Data, model and trainer, every check done before the run folder is touched."""
     device = pick_device(device_name)
-    amp = training_dtype(config, device)  # refuses an impossible dtype before anything is loaded
+    training_dtype(config, device)  # refuses an impossible dtype before anything is loaded
     require_loggers(config)
     # Every rank asks for the prepared corpus; a lock lets the first prepare it while the others wait, then map it.
     corpus: Corpus | PairCorpus
@@ -291,7 +291,7 @@ def _build(
         trainer.resume(*ckpt.resume_state(), ckpt.path)
         reporter.info(f"resuming {out_dir / 'last.pt'} at step {trainer.state.step}")
     reporter.info(trainer.schedule.describe())
-    reporter.info(f"precision: {precision_words(amp, config.train.dtype, device)}")
+    reporter.info(f"precision: {precision_words(trainer.amp_dtype, config.train.dtype, device)}")
     if dist.active:
         reporter.info(
             f"DDP: {dist.world_size} processes, global batch {trainer.state.global_batch} windows "

@@ -40,7 +40,8 @@ class RunState:
         """A saved state continued: this invocation's counters at zero; a field that older checkpoints lack (tokens,
         evals_since_best, elapsed_s, lr) keeps its default."""
         kept = {f.name for f in fields(cls)} - set(INVOCATION_FIELDS)
-        return cls(**{name: type(getattr(cls(), name))(stored[name]) for name in kept if name in stored})
+        defaults = cls()  # each stored value read as its field's type (a checkpoint may hold 0 for 0.0)
+        return cls(**{name: type(getattr(defaults, name))(stored[name]) for name in kept if name in stored})
 
 
 INVOCATION_FIELDS = ("train_s", "eval_s", "compile_s", "timed_tokens")

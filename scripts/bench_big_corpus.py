@@ -2,8 +2,8 @@
 peak resident memory of each `charlm` process (torch included).
 
     python scripts/bench_big_corpus.py --data BIG.txt                 # a text you have (e.g. the kernel sources)
-    python scripts/bench_big_corpus.py --make-mb 1000 --from ../shared/data/tinyshakespeare.txt --data big.txt
-    bash ../shared/peers/kernel_corpus.sh kernel.txt && python scripts/bench_big_corpus.py --data kernel.txt --eval
+    python scripts/bench_big_corpus.py --make-mb 1000 --data big.txt  # tiny-shakespeare (`charlm download`) repeated
+    python scripts/bench_big_corpus.py --data kernel.txt --eval       # e.g. the Linux kernel's C sources, concatenated
 
 Runs, each in a fresh process: (1) `charlm train --config tiny --data BIG --set train.max_steps=20` with no
 prepared file (it prepares the corpus), (2) the same again (it maps the prepared file), (3) with --eval,
@@ -58,7 +58,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", type=Path, required=True, help="the big text (made first with --make-mb)")
     parser.add_argument("--make-mb", type=int, default=0, help="write --data as --from repeated to this many MB")
-    parser.add_argument("--from", dest="source", type=Path, default=Path("../shared/data/tinyshakespeare.txt"))
+    parser.add_argument(
+        "--from",
+        dest="source",
+        type=Path,
+        default=Path("data/tinyshakespeare.txt"),
+        help="the text --make-mb repeats (default: what `charlm download` writes)",
+    )
     parser.add_argument("--out-dir", type=Path, default=Path("runs/bench-big"))
     parser.add_argument("--tokenizer", choices=["char", "byte"], default="char")
     parser.add_argument("--eval", action="store_true", help="also time `charlm eval RUN --split val`")

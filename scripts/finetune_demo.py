@@ -2,7 +2,8 @@
 half with --init-from, against the same model untouched and against a fresh 30 s run on the second half — all scored
 on the second half's validation split, in one invocation.
 
-    python scripts/finetune_demo.py --corpus ../shared/data/tinyshakespeare.txt
+    python scripts/finetune_demo.py                  # data/tinyshakespeare.txt, as `charlm download` writes it
+    python scripts/finetune_demo.py --corpus FILE    # any other text
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ def charlm(*args: str) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--corpus", type=Path, default=Path("../shared/data/tinyshakespeare.txt"))
+    parser.add_argument("--corpus", type=Path, default=Path("data/tinyshakespeare.txt"))
     parser.add_argument("--work", type=Path, default=Path("runs/finetune-demo"))
     parser.add_argument("--source-seconds", type=float, default=90.0, help="training on the first half")
     parser.add_argument("--seconds", type=float, default=30.0, help="fine-tuning, and the fresh run, on the second")

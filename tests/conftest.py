@@ -199,6 +199,26 @@ def server(corpus: Path):
     s.httpd.server_close()
 
 
+@contextlib.contextmanager
+def callers_signal_handlers():
+    """SIGINT and SIGTERM handlers of the caller's own (as a notebook's), put back afterwards; yields the handler, so
+    that a test can check that charlm left it in place."""
+
+    def mine(signum, frame) -> None:
+        pass
+
+    before = {signum: signal.signal(signum, mine) for signum in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield mine
+    finally:
+        for signum, handler in before.items():
+            signal.signal(signum, handler)
+
+
+def handlers_are(handler) -> bool:
+    return signal.getsignal(signal.SIGINT) is handler and signal.getsignal(signal.SIGTERM) is handler
+
+
 def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import json
 import random
-import signal
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import assert_one_line_error, assert_resume_is_exact, run_cli
+from conftest import assert_one_line_error, assert_resume_is_exact, callers_signal_handlers, handlers_are, run_cli
 
 import charlm
 from charlm.config import load_config
@@ -221,11 +220,7 @@ def test_an_export_loads_and_rewrites_identically(trained, tmp_path):
 
 
 def test_training_from_python_leaves_the_signal_handlers_alone(tmp_path, reversal):
-    def mine(signum, frame):
-        pass
-
-    before = {s: signal.signal(s, mine) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
+    with callers_signal_handlers() as mine:
         overrides = {
             "model.arch": "encoder-decoder",
             "data.format": "pairs",
@@ -234,10 +229,7 @@ def test_training_from_python_leaves_the_signal_handlers_alone(tmp_path, reversa
         }
         summary = charlm.train("tiny", overrides, data=reversal, out_dir=tmp_path / "run", quiet=True)
         assert summary["steps"] == 5
-        assert signal.getsignal(signal.SIGINT) is mine and signal.getsignal(signal.SIGTERM) is mine
-    finally:
-        for s, handler in before.items():
-            signal.signal(s, handler)
+        assert handlers_are(mine)
 
 
 # The parts, directly ---------------------------------------------------------------------------------------------

@@ -5,11 +5,17 @@ from __future__ import annotations
 
 import json
 import math
-import signal
 
 import pytest
 import torch
-from conftest import SMALL, assert_one_line_error, assert_resume_is_exact, run_cli
+from conftest import (
+    SMALL,
+    assert_one_line_error,
+    assert_resume_is_exact,
+    callers_signal_handlers,
+    handlers_are,
+    run_cli,
+)
 
 import charlm
 from charlm.config import load_config
@@ -110,18 +116,11 @@ def test_hostile_checkpoints_are_refused(encoder_run, tmp_path):
 
 
 def test_training_from_python_leaves_the_signal_handlers_alone(tmp_path, corpus):
-    def mine(signum, frame):
-        pass
-
-    before = {s: signal.signal(s, mine) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
+    with callers_signal_handlers() as mine:
         overrides = {"model.arch": "encoder", "model.block_size": 16, "model.n_embd": 32, "train.max_steps": 5}
         summary = charlm.train("tiny", overrides, data=corpus, out_dir=tmp_path / "run", quiet=True)
         assert summary["steps"] == 5
-        assert signal.getsignal(signal.SIGINT) is mine and signal.getsignal(signal.SIGTERM) is mine
-    finally:
-        for s, handler in before.items():
-            signal.signal(s, handler)
+        assert handlers_are(mine)
 
 
 @pytest.mark.parametrize(

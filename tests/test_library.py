@@ -5,7 +5,7 @@ import re
 import signal
 
 import pytest
-from conftest import REPO
+from conftest import REPO, callers_signal_handlers, handlers_are
 
 import charlm
 from charlm.config import TrainConfig, load_config
@@ -23,17 +23,10 @@ TINY = [
 
 
 def test_training_from_python_leaves_the_signal_handlers_as_it_found_them(tmp_path, corpus):
-    def mine(signum, frame):
-        pass
-
-    before = {signum: signal.signal(signum, mine) for signum in (signal.SIGINT, signal.SIGTERM)}
-    try:
+    with callers_signal_handlers() as mine:
         summary = run_training(load_config("tiny", TINY + [f"data.path={corpus}"]), tmp_path / "run", quiet=True)
         assert summary.steps == 20
-        assert signal.getsignal(signal.SIGINT) is mine and signal.getsignal(signal.SIGTERM) is mine
-    finally:
-        for signum, handler in before.items():
-            signal.signal(signum, handler)
+        assert handlers_are(mine)
 
 
 def test_the_default_handlers_are_untouched_too(tmp_path, corpus):
