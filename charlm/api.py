@@ -28,6 +28,7 @@ from charlm.info import ModelInfo, model_info
 from charlm.loading import load_model_file
 from charlm.masked import EncoderOnly
 from charlm.model import GPT
+from charlm.quantize import for_decoding
 from charlm.tokenizer import Tokenizer, UnknownPolicy
 
 
@@ -70,8 +71,10 @@ class Model(ArchMethods):
         return self.module
 
     @classmethod
-    def from_checkpoint(cls, ckpt: Checkpoint, device: str = "auto") -> Model:
-        return cls(ckpt.build_model(pick_device(device)).eval(), ckpt.tokenizer, ckpt.config, ckpt.path)
+    def from_checkpoint(cls, ckpt: Checkpoint, device: str = "auto", precision: str = "float32") -> Model:
+        """precision: float32, or int8 weights for faster CPU decoding (charlm.quantize)."""
+        module = for_decoding(ckpt.build_model(pick_device(device)).eval(), precision)
+        return cls(module, ckpt.tokenizer, ckpt.config, ckpt.path)
 
     @property
     def device(self) -> torch.device:
@@ -188,9 +191,12 @@ class Model(ArchMethods):
         return model_info(self.config.model, self.tokenizer.vocab_size)
 
 
-def load(path: str | Path, device: str = "auto") -> Model:
-    """A checkpoint file (or a run folder: its best.pt) as a Model on `device` (auto: cuda, then mps, then cpu)."""
-    return Model.from_checkpoint(load_model_file(path), device)
+def load(path: str | Path, device: str = "auto", precision: str = "float32") -> Model:
+    """A checkpoint file (or a run folder: its best.pt) as a Model on `device` (auto: cuda, then mps, then cpu).
+
+    precision="int8" stores the Linear weights as int8 for decoding on the CPU (about 3.5x faster batch-1 sampling of
+    a 6 x 384 model where float32 weights outgrow the cache; the text can differ from float32's: charlm.quantize)."""
+    return Model.from_checkpoint(load_model_file(path), device, precision)
 
 
 def export(checkpoint: str | Path, out_dir: str | Path) -> list[Path]:

@@ -14,6 +14,8 @@ from charlm.cli_support import (
     ConfigOption,
     Corpus,
     DeviceOption,
+    Precision,
+    PrecisionOption,
     SetOption,
     Split,
     State,
@@ -246,6 +248,7 @@ def eval_(
         Optional[str], typer.Option(help="Character used by --unknown replace. Default: space.")
     ] = None,
     device: DeviceOption = "auto",
+    precision: PrecisionOption = Precision.float32,
     batch_size: Annotated[int, typer.Option(min=1, help="Windows per forward pass.")] = 64,
     beam: Annotated[int, typer.Option(min=1, max=64, help="Encoder-decoder: decode with a beam of N.")] = 1,
     json_out: Annotated[
@@ -263,7 +266,7 @@ def eval_(
     from charlm.report import print_eval_result, print_masked_result, print_transduction_result
 
     check_replacement(replace_with)
-    model = load(checkpoint_path(checkpoint), device)  # a bad checkpoint is reported before a bad text
+    model = load(checkpoint_path(checkpoint), device, precision.value)  # a bad checkpoint before a bad text
     if model.config.model.arch == "encoder":
         if stride is not None or beam != 1:
             raise UsageError("--stride and --beam are not for an encoder: it is scored on hidden characters")

@@ -12,6 +12,8 @@ import typer
 from charlm.cli_support import (
     CHECKPOINT_HELP,
     DeviceOption,
+    Precision,
+    PrecisionOption,
     Unknown,
     check_replacement,
     checkpoint_path,
@@ -64,6 +66,7 @@ def sample_(
     no_cache: Annotated[
         bool, typer.Option("--no-cache", help="Recompute the whole window every step (slow; the reference path).")
     ] = False,
+    precision: PrecisionOption = Precision.float32,
     json_out: Annotated[
         bool,
         typer.Option(
@@ -106,7 +109,7 @@ def sample_(
         )
     check_replacement(replace_with)
     check_sample_flags(top_p=top_p, stop=stop)  # flag mistakes first, before looking for a checkpoint
-    model = load(checkpoint_path(checkpoint), device)  # a bad checkpoint is reported before a bad prompt
+    model = load(checkpoint_path(checkpoint), device, precision.value)  # a bad checkpoint before a bad prompt
     if model.config.model.arch == "encoder-decoder":
         only_text = {
             "--max-new-tokens": max_new_tokens is not None,

@@ -9,7 +9,16 @@ from typing import Annotated, Optional
 
 import typer
 
-from charlm.cli_support import CHECKPOINT_HELP, DeviceOption, Unknown, check_replacement, checkpoint_path, needs_torch
+from charlm.cli_support import (
+    CHECKPOINT_HELP,
+    DeviceOption,
+    Precision,
+    PrecisionOption,
+    Unknown,
+    check_replacement,
+    checkpoint_path,
+    needs_torch,
+)
 from charlm.errors import UsageError
 
 API_KEY_ENV = "CHARLM_API_KEY"
@@ -41,6 +50,7 @@ def serve(
     unknown: Annotated[Unknown, typer.Option(help="Prompt characters outside the vocabulary.")] = Unknown.error,
     replace_with: Annotated[Optional[str], typer.Option(help="Character used by --unknown replace.")] = None,
     device: DeviceOption = "auto",
+    precision: PrecisionOption = Precision.float32,
 ) -> None:
     """Serve a model: OpenAI-compatible /v1/completions (streaming, batched), /v1/score, /v1/attention, and a
     playground page at /."""
@@ -60,7 +70,7 @@ def serve(
 
     console = stderr_console()
     listener = bind(host, port)
-    model = load(checkpoint_path(checkpoint), device)
+    model = load(checkpoint_path(checkpoint), device, precision.value)
     model.decoder  # noqa: B018  (an encoder-decoder is refused here, in one line, before serving)
     limits = Limits(max_batch, max_queue, max_prompt, max_tokens, max_n, max_body)
     app = create_app(model, limits, model_name, api_key or None, unknown.value, replace_with)

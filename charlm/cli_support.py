@@ -64,6 +64,22 @@ SetOption = Annotated[
 DeviceOption = Annotated[str, typer.Option(help=DEVICE_HELP, autocompletion=complete_device)]
 
 
+class Precision(str, Enum):
+    """The weights' precision when a model is used (charlm.quantize); training precision is train.dtype."""
+
+    float32 = "float32"
+    int8 = "int8"
+
+
+PrecisionOption = Annotated[
+    Precision,
+    typer.Option(
+        help="Weights for decoding: int8 samples a large model several times faster on the CPU (the text can "
+        "differ from float32's after a while; docs/benchmarks.md gives the agreement)."
+    ),
+]
+
+
 def needs_torch() -> None:
     """Commands that run a model check torch first; --help, config and download never import it."""
     from charlm.device import require_torch

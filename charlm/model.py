@@ -182,6 +182,10 @@ class GPT(nn.Module):
         self.embed_scale = math.sqrt(config.n_embd) if config.pos_encoding == "sinusoidal" else 1.0
         self.drop = nn.Dropout(config.dropout)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
+        if config.pos_encoding == "rope":  # one Rotary for every layer: the angles are computed once per forward pass
+            shared = self.block_list[0].attn.rotary
+            for block in self.block_list[1:]:
+                block.attn.rotary = shared
         # Post-LN blocks already end in a norm; pre-LN needs one before the head.
         self.ln_f = make_norm(config) if config.norm_position == "pre" else nn.Identity()
         self.head = nn.Linear(config.n_embd, vocab_size, bias=config.head_bias)

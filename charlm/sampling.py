@@ -40,8 +40,15 @@ def sample_next(
     if top_k is not None:
         logits = filter_top_k(logits, top_k)
     logits = filter_top_p(logits, top_p)
-    probs = torch.softmax(logits, dim=-1)
-    return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(-1)
+    return draw(torch.softmax(logits, dim=-1), generator)
+
+
+def draw(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """One id per row (B,) drawn from probs (B, V): torch.multinomial(probs, 1)'s own algorithm (argmax of p / q,
+    q ~ Exp(1)), the same draws from the same generator, without its checks of the probabilities, which cost a
+    batch-1 decoding step ~25 µs and two host round trips; probs here always come from a softmax."""
+    q = torch.empty_like(probs).exponential_(1.0, generator=generator)  # (B, V)
+    return (probs / q).argmax(dim=-1)
 
 
 def sample_rows(

@@ -2,7 +2,7 @@
 
 import torch
 
-from charlm.sampling import filter_top_k, filter_top_p, sample_next, sample_rows
+from charlm.sampling import draw, filter_top_k, filter_top_p, sample_next, sample_rows
 
 LOGITS = torch.tensor([[1.0, 3.0, 2.0, 0.5], [0.0, -1.0, 4.0, 4.5]])
 
@@ -100,3 +100,15 @@ def test_row_draws_follow_the_distribution():
     assert torch.allclose(counts, torch.tensor([0.7, 0.2, 0.1]), atol=0.02)
     hot = torch.tensor(sample_rows(logits, *rows(20000, temperature=3.0))).float().mean()
     assert hot > ids.float().mean() + 0.2  # a higher temperature flattens
+
+
+def test_a_draw_is_what_torch_multinomial_draws_from_the_same_generator():
+    """Texts sampled before draw() replaced torch.multinomial stay the same for the same seed."""
+    ours, theirs = gen(7), gen(7)
+    for i in range(500):
+        logits = torch.randn(3, 65, generator=gen(i)) * 3
+        if i % 5 == 0:
+            logits[:, 20:] = float("-inf")  # as top-k and top-p leave them
+        probs = torch.softmax(logits, dim=-1)
+        want = torch.multinomial(probs, num_samples=1, generator=theirs).squeeze(-1)
+        assert torch.equal(draw(probs, ours), want)
