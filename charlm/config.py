@@ -205,8 +205,8 @@ class TrainConfig:
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = documented(
         "auto",
         "autocast dtype: auto = bfloat16 on CUDA where supported, else float16; on CPUs with AMX-BF16, bfloat16 "
-        "for models wide enough to gain (n_embd >= 256, or >= 128 with batch x context x n_embd >= 1.5M); "
-        "float32 elsewhere",
+        "for models wide enough to gain (n_embd >= 256, or >= 128 with batch x context x n_embd >= 1.5M), with "
+        "AVX-512 BF16 likewise (n_embd >= 192, or >= 128 with >= 0.5M); float32 elsewhere",
     )
     compile: Literal["auto", "true", "false"] = documented("auto", "torch.compile: auto = on CUDA only; true; false")
     loggers: list[Logger] = documented(

@@ -48,13 +48,15 @@ def pick_device(name: str) -> torch.device:
 
 
 def autocast_dtype(device: torch.device, requested: str, width: int = 0, tokens: int = 0) -> torch.dtype | None:
-    """None means plain float32. `auto`: bf16 on CUDA where supported, else fp16; on a CPU with AMX-BF16, bf16 when a
-    model `width` wide on micro-batches of `tokens` is big enough to gain (cpu_bf16_pays); float32 elsewhere."""
+    """None means plain float32. `auto`: bf16 on CUDA where supported, else fp16; on a CPU with bf16 matrix units
+    (AMX-BF16 or AVX-512 BF16), bf16 when a model `width` wide on micro-batches of `tokens` is big enough to gain
+    (cpu_bf16_pays); float32 elsewhere."""
     if requested == "float32":
         return None
     if requested == "auto":
         if device.type == "cpu":
-            return torch.bfloat16 if has_amx_bf16() and cpu_bf16_pays(width, tokens) else None
+            units = cpu_bf16_units()
+            return torch.bfloat16 if units and cpu_bf16_pays(width, tokens, units) else None
         if device.type != "cuda":
             return None
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
@@ -64,20 +66,24 @@ def autocast_dtype(device: torch.device, requested: str, width: int = 0, tokens:
 
 
 @functools.cache
-def has_amx_bf16() -> bool:
-    """Whether this CPU multiplies bf16 matrices on AMX tiles (Intel Xeon since Sapphire Rapids). CPUs with only
-    AVX-512 BF16 are left at float32: not measured here, so not assumed to gain."""
+def cpu_bf16_units() -> str | None:
+    """How this CPU multiplies bf16 matrices: "amx" (AMX-BF16 tiles: Intel Xeon since Sapphire Rapids), "avx512"
+    (AVX-512 BF16 dot products: AMD EPYC since Zen 4, some Intel), or None (no native bf16: float32)."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            return "amx_bf16" in f.read().split()
+            flags = set(f.read().split())
     except OSError:  # not Linux: no run-time check, float32
-        return False
+        return None
+    return "amx" if "amx_bf16" in flags else "avx512" if "avx512_bf16" in flags else None
 
 
-def cpu_bf16_pays(width: int, tokens: int) -> bool:
-    """Where bf16 autocast trained faster than float32 on an AMX CPU (scripts/bench_bf16.py, docs/benchmarks.md):
-    from 256 wide at any batch (1.2x and more), from 128 wide once a micro-batch holds 1.5M token-features (batch x
-    context x width: the G2P recipe, 1.2x); narrower or smaller the casts cost about what the tiles save, or more."""
+def cpu_bf16_pays(width: int, tokens: int, units: str = "amx") -> bool:
+    """Where bf16 autocast trained clearly faster than float32 (scripts/bench_bf16.py's maps, docs/benchmarks.md).
+    AMX: from 256 wide at any batch (1.2x and more), from 128 wide once a micro-batch holds 1.5M token-features
+    (batch x context x width: the G2P recipe, 1.2x). AVX-512 BF16 (an AMD EPYC): from 192 wide at any batch
+    (1.3-1.7x), from 128 wide from 0.5M token-features (1.2x); 96 wide at most 1.14x, so never."""
+    if units == "avx512":
+        return width >= 192 or (width >= 128 and width * tokens >= 500_000)
     return width >= 256 or (width >= 128 and width * tokens >= 1_500_000)
 
 
@@ -90,11 +96,12 @@ def precision_words(dtype: torch.dtype | None, requested: str, device: torch.dev
     name = "float32" if dtype is None else f"{precision_name(dtype)} autocast"
     if requested != "auto" or device.type != "cpu":
         return name
+    units = {"amx": "AMX-BF16", "avx512": "AVX-512 BF16"}.get(cpu_bf16_units() or "")
     if dtype is not None:
-        return f"{name} (this CPU has AMX-BF16 and the model is wide enough to gain; train.dtype=float32 turns it off)"
-    if has_amx_bf16():
-        return f"{name} (AMX-BF16 would not pay at this model's size; train.dtype=bfloat16 forces it)"
-    return f"{name} (no AMX-BF16 on this CPU)"
+        return f"{name} (this CPU has {units} and the model is wide enough to gain; train.dtype=float32 turns it off)"
+    if units:
+        return f"{name} ({units} would not pay at this model's size; train.dtype=bfloat16 forces it)"
+    return f"{name} (no native bf16 on this CPU)"
 
 
 def autocast(device: torch.device, dtype: torch.dtype | None) -> contextlib.AbstractContextManager:

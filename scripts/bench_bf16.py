@@ -5,7 +5,8 @@
 
 Each cell is a forward and backward pass of the default recipe's model (configs/cpu.yaml: RoPE, SwiGLU, 4 layers) at
 that width, on random windows; float32 and bf16 alternate for each cell, median of --steps after two warm-up steps.
-charlm.device.cpu_bf16_pays is the rule drawn from this map on an AMX-BF16 CPU; the last column says what it picks.
+charlm.device.cpu_bf16_pays holds the rules drawn from this map on an AMX-BF16 and an AVX-512 BF16 CPU; the last
+column says what it picks on this one.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchlib import append_section
 
 from charlm.config import load_config
-from charlm.device import cpu_bf16_pays, has_amx_bf16
+from charlm.device import cpu_bf16_pays, cpu_bf16_units
 from charlm.model import GPT
 
 WIDTHS = (96, 128, 192, 256, 384)
@@ -52,13 +53,14 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--record", action="store_true", help="append the map to docs/benchmarks.md")
     args = parser.parse_args()
-    print(f"AMX-BF16 on this CPU: {has_amx_bf16()}")
+    units = cpu_bf16_units()
+    print(f"bf16 matrix units on this CPU: {units or 'none'}")
     rows = []
     for width in WIDTHS:
         for batch, context in BATCHES:
             fp32 = step_seconds(width, batch, context, False, args.steps)
             bf16 = step_seconds(width, batch, context, True, args.steps)
-            picks = "bfloat16" if cpu_bf16_pays(width, batch * context) else "float32"
+            picks = "bfloat16" if units and cpu_bf16_pays(width, batch * context, units) else "float32"
             rows.append(
                 [
                     str(width),

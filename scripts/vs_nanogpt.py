@@ -10,9 +10,10 @@ Pairs, each nanoGPT then charlm:
 1. nanoGPT's published CPU recipe (4 x 128, context 64, batch 12, 2,000 iters) against plain `charlm train`;
 2. the same nanoGPT recipe stretched (iterations and decay) to the wall time charlm's run took, against
    `charlm train` again;
-3. throughput on nanoGPT's CPU shape: nanoGPT's own ms/iter (median of its log) against charlm at that shape;
+3. throughput on nanoGPT's CPU shape, twice: nanoGPT's own ms/iter (median of its log of 600 iterations) against
+   charlm's 600 steps at that shape;
 4. generating 1,000 characters with the 6 x 384, context-256 "baby GPT" (one training step each, then sampling
-   at batch 1): nanoGPT's generate() (no KV cache) against `charlm sample`.
+   at batch 1): nanoGPT's generate() (no KV cache) against `charlm sample`, float32 and --precision int8.
 Losses are full validation passes: every character of the last 10% scored once, in non-overlapping windows of the
 model's context, for both. Wall times include start-up, as a user waits for them.
 """
@@ -129,7 +130,7 @@ def main() -> None:
         val_bin = work / "data" / "shakespeare_char" / "val.bin"
 
         # 1. the CPU recipe against the default charlm run
-        n_wall, n_ms = nanogpt_train(work, scratch / "n1", 2000, NANOGPT_CPU)
+        n_wall, _ = nanogpt_train(work, scratch / "n1", 2000, NANOGPT_CPU)
         n_loss = nanogpt_probe(work, "fullval", scratch / "n1" / "ckpt.pt", str(val_bin))["loss"]
         c_sum, c_wall = charlm("train", "--data", str(args.data), "--out-dir", str(scratch / "c1"))
         report(
@@ -151,15 +152,20 @@ def main() -> None:
             f"charlm {s_loss - c2_sum['full_val_loss']:.3f} nats/char lower",
         )
 
-        # 3. throughput on nanoGPT's CPU shape (nanoGPT's log of the first run: skip its first 10 iterations)
-        n_tps = 12 * 64 / (statistics.median(n_ms[10:]) / 1000)
-        t_sum, _ = charlm("train", *CHARLM_NANOGPT_SHAPE, "--data", str(args.data), "--out-dir", str(scratch / "c3"))
-        report(
-            "training throughput, 4 x 128, context 64, batch 12",
-            f"{t_sum['tokens_per_s']:,.0f} tokens/s",
-            f"{n_tps:,.0f} tokens/s",
-            f"{t_sum['tokens_per_s'] / n_tps:.2f}x",
-        )
+        # 3. throughput on nanoGPT's CPU shape: two pairs, each nanoGPT's 600 iterations (median ms/iter of its log
+        # after the first 10) then charlm's 600 steps, alternating
+        for pair in (1, 2):
+            _, t_ms = nanogpt_train(work, scratch / f"n3-{pair}", 600, NANOGPT_CPU)
+            n_tps = 12 * 64 / (statistics.median(t_ms[10:]) / 1000)
+            t_sum, _ = charlm(
+                "train", *CHARLM_NANOGPT_SHAPE, "--data", str(args.data), "--out-dir", str(scratch / f"c3-{pair}")
+            )
+            report(
+                f"training throughput, 4 x 128, context 64, batch 12 (pair {pair})",
+                f"{t_sum['tokens_per_s']:,.0f} tokens/s",
+                f"{n_tps:,.0f} tokens/s",
+                f"{t_sum['tokens_per_s'] / n_tps:.2f}x",
+            )
 
         # 4. generation with the baby GPT (6 x 384, context 256), 1,000 characters at batch 1
         baby = [
@@ -191,15 +197,17 @@ def main() -> None:
             "--set",
             "train.compile=false",
         )
-        c_gen, _ = charlm(
-            "sample", str(scratch / "c4" / "best.pt"), "--max-new-tokens", "1000", "--seed", "0", "--device", "cpu"
-        )
-        report(
-            "sampling 1,000 characters, 6 x 384, context 256, batch 1",
-            f"{c_gen['chars_per_s']:,.0f} chars/s",
-            f"{n_gen:,.0f} chars/s (no KV cache)",
-            f"{c_gen['chars_per_s'] / n_gen:.1f}x",
-        )
+        for precision in ("float32", "int8"):
+            c_gen, _ = charlm(
+                "sample", str(scratch / "c4" / "best.pt"), "--max-new-tokens", "1000", "--seed", "0", "--device", "cpu",
+                "--precision", precision,
+            )  # fmt: skip
+            report(
+                f"sampling 1,000 characters, 6 x 384, context 256, batch 1 (charlm --precision {precision})",
+                f"{c_gen['chars_per_s']:,.0f} chars/s",
+                f"{n_gen:,.0f} chars/s (no KV cache)",
+                f"{c_gen['chars_per_s'] / n_gen:.1f}x",
+            )
 
     if args.record:
         append_section(

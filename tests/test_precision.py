@@ -9,33 +9,40 @@ import pytest
 import torch
 from conftest import assert_one_line_error, run_cli
 
-from charlm.device import autocast_dtype, cpu_bf16_pays, has_amx_bf16
+from charlm.device import autocast_dtype, cpu_bf16_pays, cpu_bf16_units
 
 CPU = torch.device("cpu")
 
 
 @pytest.mark.parametrize(
-    ("width", "tokens", "pays"),
-    [  # cells of scripts/bench_bf16.py's map on an AMX CPU (docs/benchmarks.md), and the G2P recipe
-        (96, 8192, False),  # the default recipe's width: slower in bf16 at every batch
-        (128, 768, False),  # nanoGPT's CPU shape: 0.76x
-        (128, 8192, False),  # 0.94x
-        (128, 256 * 48, True),  # configs/g2p.yaml: 1.2x
-        (192, 4096, False),  # 1.06x: too close to call
-        (192, 8192, True),  # 1.11x
-        (256, 768, True),  # 1.21x
-        (384, 2048, True),  # 1.34x
+    ("units", "width", "tokens", "pays"),
+    [  # cells of scripts/bench_bf16.py's maps (docs/benchmarks.md), and the G2P recipe
+        ("amx", 96, 8192, False),  # the default recipe's width: slower in bf16 at every batch
+        ("amx", 128, 768, False),  # nanoGPT's CPU shape: 0.76x
+        ("amx", 128, 8192, False),  # 0.94x
+        ("amx", 128, 256 * 48, True),  # configs/g2p.yaml: 1.2x
+        ("amx", 192, 4096, False),  # 1.06x: too close to call
+        ("amx", 192, 8192, True),  # 1.11x
+        ("amx", 256, 768, True),  # 1.21x
+        ("amx", 384, 2048, True),  # 1.34x
+        ("avx512", 96, 8192, False),  # AMD EPYC: 1.14x at most at 96 wide
+        ("avx512", 128, 768, False),  # 1.06x
+        ("avx512", 128, 2048, False),  # 1.10x
+        ("avx512", 128, 4096, True),  # 1.22x
+        ("avx512", 192, 768, True),  # 1.31x
+        ("avx512", 384, 768, True),  # 1.91x
     ],
 )
-def test_bf16_is_chosen_where_it_was_measured_to_pay(width, tokens, pays):
-    assert cpu_bf16_pays(width, tokens) is pays
+def test_bf16_is_chosen_where_it_was_measured_to_pay(units, width, tokens, pays):
+    assert cpu_bf16_pays(width, tokens, units) is pays
 
 
-def test_auto_uses_bf16_on_a_cpu_only_with_amx_and_a_model_that_gains():
+def test_auto_uses_bf16_on_a_cpu_only_with_bf16_units_and_a_model_that_gains():
     cpuinfo = Path("/proc/cpuinfo")  # Linux; elsewhere there is no run-time check and auto stays float32
-    amx = cpuinfo.is_file() and "amx_bf16" in cpuinfo.read_text(encoding="utf-8", errors="replace").split()
-    assert has_amx_bf16() is amx
-    assert autocast_dtype(CPU, "auto", 384, 4096) == (torch.bfloat16 if amx else None)
+    flags = set(cpuinfo.read_text(encoding="utf-8", errors="replace").split()) if cpuinfo.is_file() else set()
+    units = "amx" if "amx_bf16" in flags else "avx512" if "avx512_bf16" in flags else None
+    assert cpu_bf16_units() == units
+    assert autocast_dtype(CPU, "auto", 384, 4096) == (torch.bfloat16 if units else None)
     assert autocast_dtype(CPU, "auto", 96, 2048) is None  # the default model stays float32 everywhere
     assert autocast_dtype(CPU, "float32", 384, 4096) is None
     assert autocast_dtype(CPU, "bfloat16", 96, 2048) == torch.bfloat16  # asked for: given
@@ -48,7 +55,7 @@ def test_the_header_and_the_summary_say_which_precision_trained(tmp_path, corpus
     assert json.loads(narrow.stdout)["precision"] == "float32"
     assert "precision: float32" in narrow.stderr
     wide_run = run_cli(*common, *wide, "--out-dir", tmp_path / "wide", check=True)
-    expected = "bfloat16" if has_amx_bf16() else "float32"
+    expected = "bfloat16" if cpu_bf16_units() else "float32"  # 256 wide: bf16 pays on both kinds of units
     assert json.loads(wide_run.stdout)["precision"] == expected
     assert f"precision: {expected}" in wide_run.stderr
     off = run_cli(*common, *wide, "--set", "train.dtype=float32", "--out-dir", tmp_path / "off", check=True)
