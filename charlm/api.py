@@ -194,8 +194,9 @@ class Model(ArchMethods):
 def load(path: str | Path, device: str = "auto", precision: str = "float32") -> Model:
     """A checkpoint file (or a run folder: its best.pt) as a Model on `device` (auto: cuda, then mps, then cpu).
 
-    precision="int8" stores the Linear weights as int8 for decoding on the CPU (about 3x faster batch-1 sampling of a
-    6 x 384 model where float32 weights outgrow the cache; the text can differ from float32's: charlm.quantize)."""
+    precision="int8" stores the blocks' weight matrices as int8 for decoding on the CPU (about 3x faster batch-1
+    sampling of a 6 x 384 model whose float32 weights outgrow the cache); the output head, and layers whose input
+    width is not a multiple of 16, stay float32; the text can differ from float32's (charlm.quantize)."""
     return Model.from_checkpoint(load_model_file(path), device, precision)
 
 

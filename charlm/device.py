@@ -80,8 +80,9 @@ def cpu_bf16_units() -> str | None:
 def cpu_bf16_pays(width: int, tokens: int, units: str = "amx") -> bool:
     """Where bf16 autocast trained clearly faster than float32 (scripts/bench_bf16.py's maps, docs/benchmarks.md).
     AMX: from 256 wide at any batch (1.2x and more), from 128 wide once a micro-batch holds 1.5M token-features
-    (batch x context x width: the G2P recipe, 1.2x). AVX-512 BF16 (an AMD EPYC): from 192 wide at any batch
-    (1.3-1.7x), from 128 wide from 0.5M token-features (1.2x); 96 wide at most 1.14x, so never."""
+    (batch x context x width: the G2P recipe, 1.2x). AVX-512 BF16 (an AMD EPYC, two runs of the map): from 192 wide
+    at any batch (1.07-1.70x, mostly above 1.3x), from 128 wide from 0.5M token-features (1.12-1.45x); 96 wide
+    0.89-1.26x, never."""
     if units == "avx512":
         return width >= 192 or (width >= 128 and width * tokens >= 500_000)
     return width >= 256 or (width >= 128 and width * tokens >= 1_500_000)

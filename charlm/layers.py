@@ -56,7 +56,7 @@ class Rotary(nn.Module):
         self.register_buffer("inv_freq", inv_freq, persistent=False)
         # The last positions' (cos, sin): queries and keys, and every layer sharing this module, rotate by the same
         # angles in one forward pass; a decoding step otherwise spent ~20% of its time recomputing them.
-        self.last: tuple[torch.Tensor, torch.dtype, torch.Tensor, torch.Tensor] | None = None
+        self.last: tuple[torch.Tensor, tuple[torch.dtype, int], torch.Tensor, torch.Tensor] | None = None
 
     def forward(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         """x: (B, nh, T, hd), pos: (T,) absolute positions, or (B, T) when each row has its own."""
@@ -73,14 +73,19 @@ class Rotary(nn.Module):
         """cos and sin of the angles, (T, hd/2) or (B, 1, T, hd/2); reused while the same `pos` tensor comes back
         (it is held, so its identity cannot pass to another tensor). Not under torch.compile, which traces it."""
         last = self.last
-        if last is not None and last[0] is pos and last[1] == dtype and not torch.compiler.is_compiling():
+        if (
+            last is not None
+            and last[0] is pos
+            and last[1] == (dtype, pos._version)  # the same tensor, not changed in place since
+            and not torch.compiler.is_compiling()
+        ):
             return last[2], last[3]
         angles = pos.to(self.inv_freq.dtype)[..., None] * self.inv_freq  # (T, hd/2) or (B, T, hd/2)
         if angles.dim() == 3:
             angles = angles[:, None]  # (B, 1, T, hd/2): the same angle for every head
         cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)
         if not torch.compiler.is_compiling():
-            self.last = (pos, dtype, cos, sin)
+            self.last = (pos, (dtype, pos._version), cos, sin)
         return cos, sin
 
 

@@ -36,7 +36,7 @@ def sample_next(
     """Next ids (B,) from logits (B, V): temperature, then top-k, then top-p, then a draw. Temperature 0 is argmax."""
     if temperature == 0:
         return logits.argmax(dim=-1)
-    logits = logits.float() / temperature
+    logits = logits.float() / max(temperature, 1e-6)  # a tinier one would overflow to inf: greedy by then anyway
     if top_k is not None:
         logits = filter_top_k(logits, top_k)
     logits = filter_top_p(logits, top_p)

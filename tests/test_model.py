@@ -78,3 +78,14 @@ def test_residual_projections_get_the_scaled_init():
 def test_no_bias_means_no_bias_parameters():
     names = [n for n, _ in tiny(bias=False).named_parameters()]
     assert not any(n.endswith("bias") for n in names)
+
+
+def test_rope_angles_are_recomputed_for_positions_changed_in_place():
+    from charlm.layers import Rotary
+
+    rotary, x = Rotary(8), torch.randn(1, 2, 4, 8)
+    pos = torch.arange(4)
+    first = rotary(x, pos)
+    pos += 5
+    assert torch.allclose(rotary(x, pos), Rotary(8)(x, torch.arange(5, 9)))
+    assert not torch.allclose(rotary(x, pos), first)

@@ -112,3 +112,7 @@ def test_a_draw_is_what_torch_multinomial_draws_from_the_same_generator():
         probs = torch.softmax(logits, dim=-1)
         want = torch.multinomial(probs, num_samples=1, generator=theirs).squeeze(-1)
         assert torch.equal(draw(probs, ours), want)
+
+
+def test_a_vanishing_temperature_is_greedy_not_an_overflow():
+    assert sample_next(LOGITS, gen(), temperature=1e-40).tolist() == [1, 3]
