@@ -76,7 +76,7 @@ class Rotary(nn.Module):
         if (
             last is not None
             and last[0] is pos
-            and last[1] == (dtype, pos._version)  # the same tensor, not changed in place since
+            and last[1] == (dtype, _version(pos))  # the same tensor, not changed in place since
             and not torch.compiler.is_compiling()
         ):
             return last[2], last[3]
@@ -85,8 +85,14 @@ class Rotary(nn.Module):
             angles = angles[:, None]  # (B, 1, T, hd/2): the same angle for every head
         cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)
         if not torch.compiler.is_compiling():
-            self.last = (pos, (dtype, pos._version), cos, sin)
+            self.last = (pos, (dtype, _version(pos)), cos, sin)
         return cos, sin
+
+
+def _version(t: torch.Tensor) -> int:
+    """How many times t was changed in place; tensors made under torch.inference_mode keep no count (0): decoding
+    makes its positions anew each step and never changes them."""
+    return 0 if t.is_inference() else t._version
 
 
 def _pairs_view_ok(x: torch.Tensor) -> bool:
