@@ -43,7 +43,7 @@ def make_out_dir(out_dir: Path, replaced: list[str]) -> None:
         raise UsageError(f"cannot write to --out-dir {out_dir}: {e.strerror}; choose a writable folder") from None
     for name in replaced:
         (out_dir / name).unlink()
-    for name in RUN_FILES:  # any file the run writes atomically may have a temp left by a kill mid-write
+    for name in (*RUN_FILES, ".write-test"):  # any file written atomically here may have a temp left by a kill
         remove_stale_temps(out_dir / name)
 
 

@@ -85,6 +85,7 @@ def test_kill_9_at_random_moments_never_leaves_a_broken_last_pt(tmp_path, corpus
             assert load_checkpoint(run / "last.pt").step > 0  # complete, or the load would fail
     (run / ".last.pt.stray.tmp").write_bytes(b"half a checkpoint")
     (run / ".config.yaml.stray.tmp").write_bytes(b"half a config")  # a kill while config.yaml was written
+    (run / "..write-test.stray.tmp").write_bytes(b"")  # a kill while the folder was checked writable
     step_before = load_checkpoint(run / "last.pt").step
     done = run_cli("train", "--resume", "--out-dir", run, "--max-steps", step_before + 4, "--json", check=True)
     assert json.loads(done.stdout)["steps"] == step_before + 4
