@@ -42,6 +42,9 @@ class ResidualProjection(nn.Linear):
     scaled down by 1/sqrt(2 * n_layer), so the stream's variance does not grow with depth."""
 
 
+Rotation = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]  # cos, sin, and cos + i sin (the complex path)
+
+
 class Rotary(nn.Module):
     """RoPE: rotate each (even, odd) pair of query/key features by an angle proportional to the position.
 
@@ -54,39 +57,38 @@ class Rotary(nn.Module):
         super().__init__()
         inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
         self.register_buffer("inv_freq", inv_freq, persistent=False)
-        # The last positions' (cos, sin): queries and keys, and every layer sharing this module, rotate by the same
+        # The last positions' rotation: queries and keys, and every layer sharing this module, rotate by the same
         # angles in one forward pass; a decoding step otherwise spent ~20% of its time recomputing them.
-        self.last: tuple[torch.Tensor, tuple[torch.dtype, int], torch.Tensor, torch.Tensor] | None = None
+        self.last: tuple[torch.Tensor, tuple[torch.dtype, int], Rotation] | None = None
 
     def forward(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         """x: (B, nh, T, hd), pos: (T,) absolute positions, or (B, T) when each row has its own."""
-        cos, sin = self.rotation(pos, x.dtype)
-        if x.dtype == torch.float32 and x.device.type == "cpu" and not torch.compiler.is_compiling():
+        cos, sin, turn = self.rotation(pos, x.dtype, x.device)
+        if turn is not None:
             # Each (even, odd) pair as one complex number turned by cos + i sin: one kernel forward and backward, 5x
             # faster on the CPU than the four products below (the same rotation, to a rounding).
             pairs = torch.view_as_complex((x if _pairs_view_ok(x) else x.contiguous()).unflatten(-1, (-1, 2)))
-            return torch.view_as_real(pairs * torch.complex(cos, sin)).flatten(-2)  # (B, nh, T, hd)
+            return torch.view_as_real(pairs * turn).flatten(-2)  # (B, nh, T, hd)
         even, odd = x[..., 0::2], x[..., 1::2]
         return torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1).flatten(-2)
 
-    def rotation(self, pos: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin of the angles, (T, hd/2) or (B, 1, T, hd/2); reused while the same `pos` tensor comes back
-        (it is held, so its identity cannot pass to another tensor). Not under torch.compile, which traces it."""
-        last = self.last
-        if (
-            last is not None
-            and last[0] is pos
-            and last[1] == (dtype, _version(pos))  # the same tensor, not changed in place since
-            and not torch.compiler.is_compiling()
-        ):
-            return last[2], last[3]
+    def rotation(self, pos: torch.Tensor, dtype: torch.dtype, device: torch.device) -> Rotation:
+        """cos and sin of the angles, (T, hd/2) or (B, 1, T, hd/2), and cos + i sin where the complex path runs
+        (float32 on the CPU, not under torch.compile, which traces this); reused while the same `pos` tensor comes
+        back unchanged (it is held, so its identity cannot pass to another tensor)."""
+        compiling = torch.compiler.is_compiling()
+        last, key = self.last, (dtype, _version(pos))
+        if last is not None and last[0] is pos and last[1] == key and not compiling:
+            return last[2]
         angles = pos.to(self.inv_freq.dtype)[..., None] * self.inv_freq  # (T, hd/2) or (B, T, hd/2)
         if angles.dim() == 3:
             angles = angles[:, None]  # (B, 1, T, hd/2): the same angle for every head
         cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)
-        if not torch.compiler.is_compiling():
-            self.last = (pos, (dtype, _version(pos)), cos, sin)
-        return cos, sin
+        complex_path = dtype == torch.float32 and device.type == "cpu" and not compiling
+        rotation = (cos, sin, torch.complex(cos, sin) if complex_path else None)
+        if not compiling:
+            self.last = (pos, key, rotation)
+        return rotation
 
 
 def _version(t: torch.Tensor) -> int:
