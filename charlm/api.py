@@ -111,8 +111,10 @@ class Model(ArchMethods):
         seed: int | None = None,
         stop: list[str] | None = None,
         unknown: UnknownPolicy = "error",
+        compile: bool = False,
     ) -> str:
-        """The prompt and its continuation. Options left as None take the checkpoint's `sample` settings."""
+        """The prompt and its continuation. Options left as None take the checkpoint's `sample` settings; `compile`
+        compiles the decoding step once for this model (`charlm sample --compile`: faster for long texts)."""
         options = check_sample_options(
             self.config,
             max_new_tokens=max_new_tokens,
@@ -121,6 +123,7 @@ class Model(ArchMethods):
             top_p=top_p,
             seed=seed,
             stop=stop,
+            compile=compile,
         )
         return self.sample(self.encode_prompt(prompt, unknown), options).samples[0]
 
@@ -251,6 +254,8 @@ def check_sample_flags(**given: Any) -> None:
             raise UsageError(f"--{name.replace('_', '-')} must be >= {low}, got {given[name]}")
     if any(s == "" for s in given.get("stop") or []):
         raise UsageError("--stop needs a non-empty string")
+    if given.get("compile") and given.get("use_cache") is False:
+        raise UsageError("--compile compiles the cached decoding step: leave out --no-cache")
 
 
 def check_sample_options(config: Config, **given: Any) -> SampleOptions:

@@ -19,8 +19,10 @@ from typing import Any
 
 import torch
 
+from charlm.compiled_decode import compiled_decoder
 from charlm.config import SampleConfig
 from charlm.errors import UsageError
+from charlm.kvcache import KVCache, StaticCache
 from charlm.model import GPT
 from charlm.sampling import sample_next
 from charlm.tokenizer import Tokenizer, UnknownPolicy
@@ -37,15 +39,26 @@ def window_start(length: int, start: int, block_size: int) -> int:
 
 @torch.inference_mode()
 def generate_ids(
-    model: GPT, prompt: list[int], max_new_tokens: int, batch: int, choose: ChooseNext, use_cache: bool = True
+    model: GPT,
+    prompt: list[int],
+    max_new_tokens: int,
+    batch: int,
+    choose: ChooseNext,
+    use_cache: bool = True,
+    compile: bool = False,
 ) -> Iterator[torch.Tensor]:
-    """Yield the next ids (B,) step by step, every row continuing the same prompt."""
-    device = next(model.parameters()).device
+    """Yield the next ids (B,) step by step, every row continuing the same prompt; `compile`: single positions go
+    through a compiled step with its own cache (charlm/compiled_decode.py), whatever use_cache says."""
+    device, dtype = next(model.parameters()).device, next(model.parameters()).dtype
     block_size = model.config.block_size
     tokens = torch.empty(batch, len(prompt) + max_new_tokens, dtype=torch.long, device=device)
     tokens[:, : len(prompt)] = torch.tensor(prompt, dtype=torch.long, device=device)
     n, start = len(prompt), 0
-    cache = model.new_cache(batch, device, next(model.parameters()).dtype) if use_cache else None
+    cache: KVCache | StaticCache | None = model.new_cache(batch, device, dtype) if use_cache else None
+    decode_one: Callable[[torch.Tensor], torch.Tensor] = lambda ids: model(ids, cache=cache)[0]  # noqa: E731
+    if compile:
+        decoder = compiled_decoder(model, batch, device, dtype)
+        cache, decode_one = decoder.cache, decoder.step
     # How far back the last position can see through n_layer sliding windows (relative encodings).
     reach = model.config.n_layer * (block_size - 1) + 1
     for _ in range(max_new_tokens):
@@ -54,7 +67,7 @@ def generate_ids(
             if cache is None or cache.length == 0:  # reference every step, or the cached path's first chunk
                 logits = model(tokens[:, first:n], cache=cache, start_pos=first)[0]
             else:
-                logits = model(tokens[:, n - 1 : n], cache=cache)[0]  # one new position; the oldest rolls out
+                logits = decode_one(tokens[:, n - 1 : n])  # one new position; the oldest rolls out
         else:
             new_start = window_start(n, start, block_size)
             if cache is None:
@@ -63,7 +76,7 @@ def generate_ids(
                 cache.reset()  # (re-)encode the window once
                 logits = model(tokens[:, new_start:n], cache=cache)[0]
             else:
-                logits = model(tokens[:, n - 1 : n], cache=cache)[0]  # one new position
+                logits = decode_one(tokens[:, n - 1 : n])  # one new position
             start = new_start
         next_ids = choose(logits[:, -1])  # (B,)
         tokens[:, n] = next_ids
@@ -71,7 +84,7 @@ def generate_ids(
         yield next_ids
 
 
-def teacher_forced(model: GPT, ids: torch.Tensor) -> tuple[list[int], float]:
+def teacher_forced(model: GPT, ids: torch.Tensor, compile: bool = False) -> tuple[list[int], float]:
     """Decode the text `ids` (N,) one character at a time through the cached loop, always feeding the text's own next
     character: the model's first choice at each of the N - 1 steps, and its mean loss (nats) over them. Two
     versions of a model (float32 and int8 weights) compared this way meet the same contexts at every step."""
@@ -85,7 +98,7 @@ def teacher_forced(model: GPT, ids: torch.Tensor) -> tuple[list[int], float]:
         total -= torch.log_softmax(logits[0].double(), dim=-1)[target[0]]
         return target
 
-    for _ in generate_ids(model, [int(ids[0])], len(ids) - 1, 1, teacher):
+    for _ in generate_ids(model, [int(ids[0])], len(ids) - 1, 1, teacher, compile=compile):
         pass
     return firsts, float(total) / max(1, len(ids) - 1)
 
@@ -100,6 +113,7 @@ class SampleOptions:
     num_samples: int = 1
     stop: list[str] = field(default_factory=list)
     use_cache: bool = True
+    compile: bool = False  # single positions through a compiled step (charlm/compiled_decode.py); needs the cache
 
     @classmethod
     def from_config(cls, defaults: SampleConfig, **overrides: Any) -> SampleOptions:
@@ -113,8 +127,9 @@ class SampleOptions:
 class SampleResult:
     samples: list[str]  # each starts with the prompt
     generated_chars: int  # tokens generated (characters, or bytes), over all samples, up to their stop strings
-    seconds: float  # generation time (model loading excluded)
+    seconds: float  # generation time (model loading and compiling excluded)
     replaced: int = 0  # byte models: characters shown as U+FFFD because the bytes were not valid UTF-8
+    compile_seconds: float = 0.0  # SampleOptions.compile: seconds compiling the step took (0: it was compiled before)
 
     @property
     def chars_per_s(self) -> float:
@@ -152,8 +167,14 @@ def sample(
     done = [False] * options.num_samples
     longest_stop = max((len(s) for s in options.stop), default=0)
     model.eval()
+    compile_seconds = 0.0
+    if options.compile:
+        device, dtype = next(model.parameters()).device, next(model.parameters()).dtype
+        compile_seconds = compiled_decoder(model, options.num_samples, device, dtype).warm_up()
     started = time.perf_counter()
-    steps = generate_ids(model, prompt_ids, options.max_new_tokens, options.num_samples, choose, options.use_cache)
+    steps = generate_ids(
+        model, prompt_ids, options.max_new_tokens, options.num_samples, choose, options.use_cache, options.compile
+    )
     for next_ids in steps:
         for i, token in enumerate(next_ids.tolist()):
             if done[i]:
@@ -176,7 +197,8 @@ def sample(
                 on_text(tail)
     seconds = time.perf_counter() - started
     replaced = sum(tokenizer.replaced(prompt_ids + sample_ids) for sample_ids in ids)
-    return SampleResult([prompt + "".join(t) for t in texts], sum(len(t) for t in ids), seconds, replaced)
+    samples = [prompt + "".join(t) for t in texts]
+    return SampleResult(samples, sum(len(t) for t in ids), seconds, replaced, compile_seconds)
 
 
 def _ends_with_stop(chars: list[str], stops: list[str], longest: int) -> bool:

@@ -1,5 +1,5 @@
-"""Keys and values kept between decoding steps: one text at a time (KVCache), or many texts at their own positions
-decoded together (RowCache, for `charlm serve`)."""
+"""Keys and values kept between decoding steps: one text at a time (KVCache), many texts at their own positions
+decoded together (RowCache, for `charlm serve`), or one text in fixed shapes for a compiled step (StaticCache)."""
 
 from __future__ import annotations
 
@@ -118,3 +118,62 @@ class RowCache:
         self.k[layer, self.rows, :, self.slots] = k[:, :, 0]  # (B, nh, hd) into each row's own slot
         self.v[layer, self.rows, :, self.slots] = v[:, :, 0]
         return self.k[layer, :n], self.v[layer, :n], self.pos[:n]
+
+
+class StaticCache:
+    """KVCache's slots (position p in slot p % max_len) with shapes that never change, for a compiled decoding step.
+
+    A first chunk is encoded as KVCache encodes it (the same arithmetic). After that each step attends to every slot
+    through a mask instead of to the filled ones, so every step has the same shapes and torch.compile traces it once;
+    slots not yet written hold RowCache.EMPTY, a position so far back that the mask hides it. Each layer's keys and
+    values are a tensor of their own, so a compiled step writes its slot in place rather than copying the cache.
+    """
+
+    def __init__(
+        self,
+        n_layer: int,
+        batch: int,
+        n_head: int,
+        max_len: int,
+        head_dim: int,
+        device: torch.device,
+        dtype: torch.dtype,
+    ):
+        shape = (batch, n_head, max_len, head_dim)
+        self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(n_layer)]
+        self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(n_layer)]
+        self.pos = torch.full((max_len,), RowCache.EMPTY, dtype=torch.long, device=device)  # each slot's position
+        self.max_len = max_len
+        self.length = 0  # the next position (0: empty)
+        self.prefill = False
+
+    def reset(self) -> None:
+        self.length = 0
+        self.pos.fill_(RowCache.EMPTY)
+
+    def advance(self, pos: torch.Tensor, next_position: int) -> None:
+        """A first chunk's positions (T,), before the layers (an eager forward pass, as KVCache.advance)."""
+        if self.length:
+            raise ValueError("a non-empty static cache takes its steps through CompiledDecoder.step")
+        self.prefill = True
+        self.claim(pos[-self.max_len :])
+        self.step_pos = pos
+        self.length = next_position
+
+    def claim(self, pos: torch.Tensor) -> None:
+        """Write this step's positions (T,) into their slots (inside the compiled step for single positions)."""
+        self.slots = pos % self.max_len
+        self.pos[self.slots] = pos
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Store this step's (B, nh, T, hd) keys/values; return the keys, values and positions to attend to: a first
+        chunk's own, or every slot's with positions (1, S), which always takes attention's masked path."""
+        kept = len(self.slots)
+        self.k[layer][:, :, self.slots] = k[:, :, -kept:]
+        self.v[layer][:, :, self.slots] = v[:, :, -kept:]
+        if self.prefill:  # a first chunk attends to itself (all of it, even beyond max_len)
+            return k, v, self.step_pos
+        return self.k[layer], self.v[layer], self.pos[None]
+
+
+AnyCache = KVCache | RowCache | StaticCache

@@ -76,10 +76,10 @@ class Rotary(nn.Module):
         """cos and sin of the angles, (T, hd/2) or (B, 1, T, hd/2), and cos + i sin where the complex path runs
         (float32 on the CPU, not under torch.compile, which traces this); reused while the same `pos` tensor comes
         back unchanged (it is held, so its identity cannot pass to another tensor)."""
-        compiling = torch.compiler.is_compiling()
-        last, key = self.last, (dtype, _version(pos))
-        if last is not None and last[0] is pos and last[1] == key and not compiling:
-            return last[2]
+        compiling = torch.compiler.is_compiling()  # traced: no memo (a compiled step computes them once anyway)
+        key = (dtype, 0 if compiling else _version(pos))
+        if not compiling and self.last is not None and self.last[0] is pos and self.last[1] == key:
+            return self.last[2]
         angles = pos.to(self.inv_freq.dtype)[..., None] * self.inv_freq  # (T, hd/2) or (B, T, hd/2)
         if angles.dim() == 3:
             angles = angles[:, None]  # (B, 1, T, hd/2): the same angle for every head

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from charlm.config import ModelConfig
-from charlm.kvcache import KVCache, RowCache
+from charlm.kvcache import AnyCache, KVCache, RowCache
 from charlm.layers import (
     MixtureOfExperts,
     ResidualProjection,
@@ -107,7 +107,7 @@ class CausalSelfAttention(nn.Module):
         self.qk_norm = config.qk_norm  # parameter-free RMS norm of q and k per head (bounded scores)
 
     def forward(
-        self, x: torch.Tensor, pos: torch.Tensor, cache: KVCache | RowCache | None = None, layer: int = 0
+        self, x: torch.Tensor, pos: torch.Tensor, cache: AnyCache | None = None, layer: int = 0
     ) -> torch.Tensor:
         B, T, C = x.shape
         q, k, v = self.qkv(x).view(B, T, 3, self.n_head, C // self.n_head).permute(2, 0, 3, 1, 4)  # 3 x (B, nh, T, hd)
@@ -150,7 +150,7 @@ class Block(nn.Module):
         self.mlp = feed_forward(config)  # dense, or a mixture of experts
 
     def forward(
-        self, x: torch.Tensor, pos: torch.Tensor, cache: KVCache | RowCache | None = None, layer: int = 0
+        self, x: torch.Tensor, pos: torch.Tensor, cache: AnyCache | None = None, layer: int = 0
     ) -> torch.Tensor:
         if self.pre:
             x = x + self.attn(self.ln_1(x), pos, cache, layer)
@@ -205,7 +205,7 @@ class GPT(nn.Module):
         self,
         idx: torch.Tensor,
         targets: torch.Tensor | None = None,
-        cache: KVCache | RowCache | None = None,
+        cache: AnyCache | None = None,
         start_pos: int = 0,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Logits (B, T, V) and, with targets, the mean cross-entropy.
@@ -226,6 +226,20 @@ class GPT(nn.Module):
             pos = torch.arange(first, first + T, device=idx.device)  # (T,)
             if cache is not None:
                 cache.advance(pos, first + T)
+        logits = self.logits_at(idx, pos, cache)
+        if targets is None:
+            return logits, None
+        loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
+        if self.training and self.config.n_experts:  # the router's load balancing: a training term only
+            aux = sum(cast(MixtureOfExperts, b.mlp).aux_loss for b in self.block_list)
+            loss = loss + self.config.moe_aux_weight * aux / len(self.blocks)
+        return logits, loss
+
+    def logits_at(self, idx: torch.Tensor, pos: torch.Tensor, cache: AnyCache | None = None) -> torch.Tensor:
+        """Logits (B, T, V) of idx (B, T) at positions pos, (T,) or (B, 1), the cache already holding their slots.
+
+        No Python number depends on the step here, so a compiled decoding step (charlm/compiled_decode.py) traces
+        it once for every position."""
         x = self.tok_emb(idx)  # (B, T, C)
         if self.embed_scale != 1.0:
             x = x * self.embed_scale
@@ -238,13 +252,7 @@ class GPT(nn.Module):
         if self.config.logit_softcap:  # smooth cap: c * tanh(z / c), logits stay in (-c, c)
             c = self.config.logit_softcap
             logits = c * torch.tanh(logits / c)
-        if targets is None:
-            return logits, None
-        loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
-        if self.training and self.config.n_experts:  # the router's load balancing: a training term only
-            aux = sum(cast(MixtureOfExperts, b.mlp).aux_loss for b in self.block_list)
-            loss = loss + self.config.moe_aux_weight * aux / len(self.blocks)
-        return logits, loss
+        return logits
 
     @torch.no_grad()
     def attention_weights(self, idx: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,98 @@
+"""The compiled decoding step (`charlm sample --compile`): the same logits as the eager cached loop at every step,
+for every position encoding and across window jumps; compiled once per model; mistakes refused in one line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from conftest import assert_one_line_error, run_cli
+
+import charlm
+from charlm.compiled_decode import compiled_decoder
+from charlm.config import ModelConfig
+from charlm.errors import UsageError
+from charlm.generate import SampleOptions, generate_ids, sample
+from charlm.model import GPT
+from charlm.tokenizer import CharTokenizer
+
+
+def forced_logits(model: GPT, text: torch.Tensor, compile: bool) -> torch.Tensor:
+    """Every step's logits (N - 1, V) while the decoding loop is fed the text's own next character."""
+    seen: list[torch.Tensor] = []
+
+    def teacher(logits: torch.Tensor) -> torch.Tensor:
+        seen.append(logits[0].clone())
+        return text[len(seen) : len(seen) + 1]
+
+    for _ in generate_ids(model, text[:3].tolist(), len(text) - 3, 1, teacher, compile=compile):
+        pass
+    return torch.stack(seen)
+
+
+OTHER_PARTS = {"n_experts": 2, "attention": "explicit", "norm_position": "post", "qk_norm": True, "logit_softcap": 5.0}
+
+
+@pytest.mark.parametrize(
+    ("encoding", "parts"), [("rope", {}), ("learned", {}), ("alibi", {}), ("sinusoidal", OTHER_PARTS)]
+)
+def test_compiled_steps_give_the_eager_loops_logits(encoding, parts):
+    """40 characters through a 16-character context: the window rolls (rope, alibi) or jumps and is re-encoded
+    (learned, sinusoidal) twice, and every step's logits match the eager cached loop's to float rounding; the last
+    case also takes a mixture of experts, written-out attention, post-norm blocks, QK-norm and a logit soft-cap."""
+    torch.manual_seed(0)
+    config = ModelConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, dropout=0.0, pos_encoding=encoding, **parts)
+    model = GPT(config, 20).eval()
+    text = torch.randint(0, 20, (43,))
+    eager, compiled = forced_logits(model, text, False), forced_logits(model, text, True)
+    assert compiled.shape == eager.shape == (40, 20)
+    torch.testing.assert_close(compiled, eager, rtol=1e-4, atol=1e-5)
+
+
+def test_a_model_compiles_once_and_a_seed_gives_the_same_text_again():
+    torch.manual_seed(1)
+    model = GPT(ModelConfig(n_layer=2, n_head=2, n_embd=32, block_size=32, dropout=0.0), 20).eval()
+    tokenizer = CharTokenizer([chr(c) for c in range(97, 117)])
+    options = SampleOptions(max_new_tokens=50, seed=3, compile=True)
+    first, second = (sample(model, tokenizer, [0, 1], options) for _ in range(2))
+    assert first.compile_seconds > 0 and second.compile_seconds == 0.0  # the second call reused the compiled step
+    assert first.samples == second.samples and len(first.samples[0]) == 52
+    assert compiled_decoder(model, 1, torch.device("cpu"), torch.float32).ready
+
+
+def test_int8_weights_compile_too(tiny_checkpoint):
+    model = charlm.load(tiny_checkpoint, "cpu", "int8")
+    options = SampleOptions(max_new_tokens=60, seed=0, temperature=0.0)
+    eager = model.sample(model.encode_prompt("JULIET:"), options).samples[0]
+    compiled = model.sample(model.encode_prompt("JULIET:"), SampleOptions(**{**vars(options), "compile": True}))
+    assert compiled.samples[0][:40] == eager[:40] and len(compiled.samples[0]) == len(eager)
+
+
+def test_the_cli_flag_reports_compile_time_and_refuses_no_cache(tiny_checkpoint):
+    result = run_cli("sample", tiny_checkpoint, "--compile", "--max-new-tokens", "30", "--seed", "2", "--json")
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout)
+    assert out["compile_s"] >= 0 and out["chars_per_s"] > 0 and len(out["samples"][0]) == 31
+    plain = json.loads(run_cli("sample", tiny_checkpoint, "--max-new-tokens", "30", "--seed", "2", "--json").stdout)
+    assert "compile_s" not in plain
+    assert_one_line_error(
+        run_cli("sample", tiny_checkpoint, "--compile", "--no-cache"), 2, "--compile", "leave out --no-cache"
+    )
+    assert_one_line_error(  # a flag mistake is told before the checkpoint is looked for
+        run_cli("sample", "no/such/run", "--compile", "--no-cache"), 2, "leave out --no-cache"
+    )
+
+
+def test_a_platform_that_cannot_compile_is_told_in_one_line(monkeypatch):
+    """No C++ compiler for inductor's CPU code (a compiler that does not exist, and no cached kernels to fall back
+    on): the first step raises a UsageError naming --compile, not a traceback from deep inside torch."""
+    import torch._inductor.config as inductor
+
+    monkeypatch.setattr(inductor, "fx_graph_cache", False)
+    monkeypatch.setattr(inductor.cpp, "cxx", ("/nonexistent/c++",))
+    torch.manual_seed(2)
+    model = GPT(ModelConfig(n_layer=1, n_head=2, n_embd=16, block_size=8, dropout=0.0), 10).eval()
+    tokenizer = CharTokenizer([chr(c) for c in range(97, 107)])
+    with pytest.raises(UsageError, match="--compile: torch.compile could not build the decoding step.*leave out"):
+        sample(model, tokenizer, [0], SampleOptions(max_new_tokens=5, seed=0, compile=True))
