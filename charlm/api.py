@@ -23,7 +23,7 @@ from charlm.device import pick_device
 from charlm.encdec import EncoderDecoder
 from charlm.errors import UsageError
 from charlm.evaluate import EvalResult, full_pass
-from charlm.generate import SampleOptions, SampleResult, encode_prompt, sample
+from charlm.generate import SampleOptions, SampleResult, encode_prompt, refuse_compile_without_cache, sample
 from charlm.info import ModelInfo, model_info
 from charlm.loading import load_model_file
 from charlm.masked import EncoderOnly
@@ -254,8 +254,7 @@ def check_sample_flags(**given: Any) -> None:
             raise UsageError(f"--{name.replace('_', '-')} must be >= {low}, got {given[name]}")
     if any(s == "" for s in given.get("stop") or []):
         raise UsageError("--stop needs a non-empty string")
-    if given.get("compile") and given.get("use_cache") is False:
-        raise UsageError("--compile compiles the cached decoding step: leave out --no-cache")
+    refuse_compile_without_cache(bool(given.get("compile")), given.get("use_cache") is not False)
 
 
 def check_sample_options(config: Config, **given: Any) -> SampleOptions:

@@ -48,20 +48,33 @@ def generate_ids(
     compile: bool = False,
 ) -> Iterator[torch.Tensor]:
     """Yield the next ids (B,) step by step, every row continuing the same prompt; `compile`: single positions go
-    through a compiled step with its own cache (charlm/compiled_decode.py), whatever use_cache says."""
+    through a compiled step with a cache of its own (charlm/compiled_decode.py)."""
+    refuse_compile_without_cache(compile, use_cache)
     device, dtype = next(model.parameters()).device, next(model.parameters()).dtype
-    block_size = model.config.block_size
     tokens = torch.empty(batch, len(prompt) + max_new_tokens, dtype=torch.long, device=device)
     tokens[:, : len(prompt)] = torch.tensor(prompt, dtype=torch.long, device=device)
-    n, start = len(prompt), 0
-    cache: KVCache | StaticCache | None = model.new_cache(batch, device, dtype) if use_cache else None
-    decode_one: Callable[[torch.Tensor], torch.Tensor] = lambda ids: model(ids, cache=cache)[0]  # noqa: E731
     if compile:
-        decoder = compiled_decoder(model, batch, device, dtype)
-        cache, decode_one = decoder.cache, decoder.step
+        with compiled_decoder(model, batch, device, dtype) as decoder:
+            yield from _decode(model, tokens, len(prompt), choose, decoder.cache, decoder.step)
+        return
+    cache = model.new_cache(batch, device, dtype) if use_cache else None
+    yield from _decode(model, tokens, len(prompt), choose, cache, lambda ids: model(ids, cache=cache)[0])
+
+
+def _decode(
+    model: GPT,
+    tokens: torch.Tensor,
+    n: int,
+    choose: ChooseNext,
+    cache: KVCache | StaticCache | None,
+    decode_one: Callable[[torch.Tensor], torch.Tensor],
+) -> Iterator[torch.Tensor]:
+    """Fill tokens (B, L) from position n on, yielding each step's ids (B,): first chunks (and re-encoded windows)
+    through model(), single new positions through decode_one; with no cache, the whole window every step."""
+    block_size, start = model.config.block_size, 0
     # How far back the last position can see through n_layer sliding windows (relative encodings).
     reach = model.config.n_layer * (block_size - 1) + 1
-    for _ in range(max_new_tokens):
+    for _ in range(tokens.size(1) - n):
         if model.relative_positions:
             first = max(0, n - reach)
             if cache is None or cache.length == 0:  # reference every step, or the cached path's first chunk
@@ -82,6 +95,12 @@ def generate_ids(
         tokens[:, n] = next_ids
         n += 1
         yield next_ids
+
+
+def refuse_compile_without_cache(compile: bool, use_cache: bool) -> None:
+    """The compiled step is the cached one's: --compile with --no-cache is a contradiction, told in one line."""
+    if compile and not use_cache:
+        raise UsageError("--compile compiles the cached decoding step: leave out --no-cache")
 
 
 def teacher_forced(model: GPT, ids: torch.Tensor, compile: bool = False) -> tuple[list[int], float]:
@@ -113,7 +132,7 @@ class SampleOptions:
     num_samples: int = 1
     stop: list[str] = field(default_factory=list)
     use_cache: bool = True
-    compile: bool = False  # single positions through a compiled step (charlm/compiled_decode.py); needs the cache
+    compile: bool = False  # single positions through a compiled step (charlm/compiled_decode.py); needs use_cache
 
     @classmethod
     def from_config(cls, defaults: SampleConfig, **overrides: Any) -> SampleOptions:
@@ -168,9 +187,11 @@ def sample(
     longest_stop = max((len(s) for s in options.stop), default=0)
     model.eval()
     compile_seconds = 0.0
+    refuse_compile_without_cache(options.compile, options.use_cache)
     if options.compile:
         device, dtype = next(model.parameters()).device, next(model.parameters()).dtype
-        compile_seconds = compiled_decoder(model, options.num_samples, device, dtype).warm_up()
+        with compiled_decoder(model, options.num_samples, device, dtype) as compiled:
+            compile_seconds = compiled.warm_up()
     started = time.perf_counter()
     steps = generate_ids(
         model, prompt_ids, options.max_new_tokens, options.num_samples, choose, options.use_cache, options.compile
