@@ -36,9 +36,8 @@ class CompiledDecoder:
 
     @torch.inference_mode()
     def __init__(self, model: GPT, batch: int, device: torch.device, dtype: torch.dtype):
-        c = model.config
         self.model = model
-        self.cache = StaticCache(c.n_layer, batch, c.n_head, c.block_size, c.n_embd // c.n_head, device, dtype)
+        self.cache = model.empty_cache(StaticCache, batch, device, dtype)
         self.ids = torch.zeros(batch, 1, dtype=torch.long, device=device)  # fixed input: same strides every step
         self.ready = False  # whether the compiled step has run once (compiling happens then)
         self.busy = False  # held by a decoding loop (compiled_decoder)

@@ -3,6 +3,8 @@ decoded together (RowCache, for `charlm serve`), or one text in fixed shapes for
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 import torch
 
 
@@ -177,3 +179,4 @@ class StaticCache:
 
 
 AnyCache = KVCache | RowCache | StaticCache
+CacheT = TypeVar("CacheT", KVCache, RowCache, StaticCache)  # a kind of cache asked for by its class

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from charlm.config import ModelConfig
-from charlm.kvcache import AnyCache, KVCache, RowCache
+from charlm.kvcache import AnyCache, CacheT, KVCache, RowCache
 from charlm.layers import (
     MixtureOfExperts,
     ResidualProjection,
@@ -265,12 +265,15 @@ class GPT(nn.Module):
         return cast("list[Block]", list(self.blocks))
 
     def new_cache(self, batch: int, device: torch.device, dtype: torch.dtype = torch.float32) -> KVCache:
-        c = self.config
-        return KVCache(c.n_layer, batch, c.n_head, c.block_size, c.n_embd // c.n_head, device, dtype)
+        return self.empty_cache(KVCache, batch, device, dtype)
 
     def new_row_cache(self, rows: int, device: torch.device, dtype: torch.dtype = torch.float32) -> RowCache:
+        return self.empty_cache(RowCache, rows, device, dtype)
+
+    def empty_cache(self, kind: type[CacheT], batch: int, device: torch.device, dtype: torch.dtype) -> CacheT:
+        """An empty cache of this model's shape, of any kind (KVCache, RowCache, StaticCache)."""
         c = self.config
-        return RowCache(c.n_layer, rows, c.n_head, c.block_size, c.n_embd // c.n_head, device, dtype)
+        return kind(c.n_layer, batch, c.n_head, c.block_size, c.n_embd // c.n_head, device, dtype)
 
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())

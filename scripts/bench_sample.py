@@ -98,16 +98,20 @@ def decoder_name(precision: str, compiled: bool) -> str:
 def agreement(checkpoint: str, steps: int) -> list[dict]:
     """Teacher-force `steps` validation characters through each decoder of DECODERS: how often each ranks the same
     character first as the plain float32 decoder, and each one's loss."""
+    import torch
+
     from charlm.api import load
     from charlm.data import Corpus
     from charlm.generate import teacher_forced
 
-    found = []
+    found: list[dict] = []
+    text = torch.empty(0)
     for precision, compiled in DECODERS:
         model = load(checkpoint, "cpu", precision)
-        text = Corpus.from_config(model.config.data, model.tokenizer, "error").split("val")[: steps + 1].long()
-        if len(text) < steps + 1:
-            raise SystemExit(f"the validation split has {len(text)} characters, fewer than {steps + 1}")
+        if not found:  # the same text for every decoder, read once
+            text = Corpus.from_config(model.config.data, model.tokenizer, "error").split("val")[: steps + 1].long()
+            if len(text) < steps + 1:
+                raise SystemExit(f"the validation split has {len(text)} characters, fewer than {steps + 1}")
         firsts, loss = teacher_forced(model.decoder, text, compile=compiled)
         same = sum(a == b for a, b in zip(found[0]["firsts"] if found else firsts, firsts, strict=True))
         found.append({"decoder": decoder_name(precision, compiled), "firsts": firsts, "same": same, "loss": loss})
