@@ -173,7 +173,8 @@ class Model(ArchMethods):
         block_size = self.config.model.block_size
         if stride is not None and not 1 <= stride <= block_size:
             raise UsageError(f"--stride must be between 1 and the model's context ({block_size}), got {stride}")
-        result = full_pass(self.decoder, ids, block_size, self.device, batch_size, stride=stride)
+        with self.scoring_kernels():
+            result = full_pass(self.decoder, ids, block_size, self.device, batch_size, stride=stride)
         result.split, result.file, result.unit = split, corpus.source, self.tokenizer.unit
         return result
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import abc
+import contextlib
 import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -12,6 +13,7 @@ import torch
 
 from charlm.data import Corpus
 from charlm.errors import UsageError
+from charlm.linear import onednn_linears, onednn_problem, use_onednn
 from charlm.masked import MaskedResult
 from charlm.tokenizer import UnknownPolicy
 from charlm.transduce import TransductionResult
@@ -46,6 +48,12 @@ class ArchMethods(abc.ABC):
     @abc.abstractmethod
     def encoder_decoder(self) -> EncoderDecoder:
         """The encoder-decoder module, or a one-line error naming what this model does (charlm.api.Model)."""
+
+    def scoring_kernels(self) -> contextlib.AbstractContextManager:
+        """The linear layers' kernels the run's own final pass used (train.cpu_linear), so that scores agree with
+        it; torch's, without complaint, where oneDNN cannot run."""
+        on = onednn_problem() is None and use_onednn(self.device, self.config.train.cpu_linear)
+        return onednn_linears(on)
 
     @abc.abstractmethod
     def encode_prompt(
@@ -130,7 +138,8 @@ class ArchMethods(abc.ABC):
         corpus = PairCorpus.from_config(data, self.config.model.block_size, self.tokenizer)
         options = DecodeOptions(beam=beam, batch_size=batch_size)
         check_decode_options(options)
-        result = score_pairs(module, self.tokenizer.decode, corpus.split(split), options, batch_size)
+        with self.scoring_kernels():
+            result = score_pairs(module, self.tokenizer.decode, corpus.split(split), options, batch_size)
         result.split, result.file = split, given
         return result
 
@@ -184,7 +193,8 @@ class ArchMethods(abc.ABC):
             raise UsageError(
                 f"the {split} split of {given} is shorter than one window ({self.config.model.block_size})"
             )
-        total, right, count = masked_score(module, ids, starts, self.device)
+        with self.scoring_kernels():
+            total, right, count = masked_score(module, ids, starts, self.device)
         return MaskedResult(total / count, right / count, count, split, given)
 
 

@@ -206,9 +206,15 @@ class TrainConfig:
         "auto",
         "autocast dtype: auto = bfloat16 on CUDA where supported, else float16; on CPUs with AMX-BF16, bfloat16 "
         "for models wide enough to gain (n_embd >= 256, or >= 128 with batch x context x n_embd >= 1.5M), with "
-        "AVX-512 BF16 likewise (n_embd >= 192, or >= 128 with >= 0.5M); float32 elsewhere",
+        "AVX-512 BF16 likewise (n_embd >= 192, or >= 128 with >= 0.5M; from 384 when float32 runs on oneDNN, "
+        "train.cpu_linear); float32 elsewhere",
     )
     compile: Literal["auto", "true", "false"] = documented("auto", "torch.compile: auto = on CUDA only; true; false")
+    cpu_linear: Literal["auto", "onednn", "torch"] = documented(
+        "auto",
+        "float32 linear layers on a CPU: onednn = oneDNN's kernels (the same float32 arithmetic, ~2x faster where "
+        "torch's default MKL is slow: AMD); torch = torch's default; auto = onednn on x86-64 CPUs but Intel's",
+    )
     loggers: list[Logger] = documented(
         ["jsonl"],
         "where figures go: jsonl (OUT_DIR/metrics.jsonl, steps.jsonl, summary.json; always on), csv "

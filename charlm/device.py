@@ -47,16 +47,18 @@ def pick_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def autocast_dtype(device: torch.device, requested: str, width: int = 0, tokens: int = 0) -> torch.dtype | None:
+def autocast_dtype(
+    device: torch.device, requested: str, width: int = 0, tokens: int = 0, onednn: bool = False
+) -> torch.dtype | None:
     """None means plain float32. `auto`: bf16 on CUDA where supported, else fp16; on a CPU with bf16 matrix units
     (AMX-BF16 or AVX-512 BF16), bf16 when a model `width` wide on micro-batches of `tokens` is big enough to gain
-    (cpu_bf16_pays); float32 elsewhere."""
+    over float32 (on oneDNN's kernels when `onednn`: cpu_bf16_pays); float32 elsewhere."""
     if requested == "float32":
         return None
     if requested == "auto":
         if device.type == "cpu":
             units = cpu_bf16_units()
-            return torch.bfloat16 if units and cpu_bf16_pays(width, tokens, units) else None
+            return torch.bfloat16 if units and cpu_bf16_pays(width, tokens, units, onednn) else None
         if device.type != "cuda":
             return None
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
@@ -77,12 +79,15 @@ def cpu_bf16_units() -> str | None:
     return "amx" if "amx_bf16" in flags else "avx512" if "avx512_bf16" in flags else None
 
 
-def cpu_bf16_pays(width: int, tokens: int, units: str = "amx") -> bool:
+def cpu_bf16_pays(width: int, tokens: int, units: str = "amx", onednn: bool = False) -> bool:
     """Where bf16 autocast trained clearly faster than float32 (scripts/bench_bf16.py's maps, docs/benchmarks.md).
     AMX: from 256 wide at any batch (1.2x and more), from 128 wide once a micro-batch holds 1.5M token-features
     (batch x context x width: the G2P recipe, 1.2x). AVX-512 BF16 (an AMD EPYC, two runs of the map): from 192 wide
     at any batch (1.07-1.70x, mostly above 1.3x), from 128 wide from 0.5M token-features (1.12-1.45x); 96 wide
-    0.89-1.26x, never."""
+    0.89-1.26x, never. Against float32 on oneDNN's kernels (`onednn`, train.cpu_linear), AVX-512 BF16 pays only from
+    384 wide (1.06-1.59x; 0.72-1.06x below, the 2026-11-23 map)."""
+    if units == "avx512" and onednn:
+        return width >= 384
     if units == "avx512":
         return width >= 192 or (width >= 128 and width * tokens >= 500_000)
     return width >= 256 or (width >= 128 and width * tokens >= 1_500_000)

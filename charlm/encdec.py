@@ -23,6 +23,7 @@ from charlm.config import ModelConfig
 from charlm.data import IGNORE
 from charlm.kvcache import KVCache
 from charlm.layers import ResidualProjection, Rotary, alibi_slopes, feed_forward, make_norm, part_bias
+from charlm.linear import Linear
 from charlm.model import (
     CausalSelfAttention,
     absolute_positions,
@@ -53,8 +54,8 @@ class Attention(nn.Module):
     def __init__(self, config: ModelConfig, cross: bool):
         super().__init__()
         C, self.n_head, self.cross = config.n_embd, config.n_head, cross
-        self.q = nn.Linear(C, C, bias=part_bias(config, "qkv"))
-        self.kv = nn.Linear(C, 2 * C, bias=part_bias(config, "qkv"))
+        self.q = Linear(C, C, bias=part_bias(config, "qkv"))
+        self.kv = Linear(C, 2 * C, bias=part_bias(config, "qkv"))
         self.proj = ResidualProjection(C, C, bias=part_bias(config, "proj"))
         self.explicit, self.qk_norm = config.attention == "explicit", config.qk_norm
         self.keep_weights, self.weights = False, cast("torch.Tensor | None", None)
@@ -169,7 +170,7 @@ class EncoderDecoder(nn.Module):
         pre = config.norm_position == "pre"  # post-LN blocks already end in a norm
         self.ln_enc = make_norm(config) if pre else nn.Identity()
         self.ln_f = make_norm(config) if pre else nn.Identity()
-        self.head = nn.Linear(C, vocab_size, bias=config.head_bias)
+        self.head = Linear(C, vocab_size, bias=config.head_bias)
         if config.tie_weights:
             self.head.weight = self.tok_emb.weight
         self.apply(self._init_weights)

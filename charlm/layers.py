@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from charlm.config import ModelConfig
+from charlm.linear import Linear
 
 # ---------------------------------------------------------------------------- positional encodings
 
@@ -37,7 +38,7 @@ class SinusoidalPositions(nn.Module):
         return self.table[pos]  # (T, C)
 
 
-class ResidualProjection(nn.Linear):
+class ResidualProjection(Linear):
     """A Linear layer that writes into the residual stream (W_O, the feed-forward's output): GPT-2 starts these
     scaled down by 1/sqrt(2 * n_layer), so the stream's variance does not grow with depth."""
 
@@ -163,7 +164,7 @@ class MLP(nn.Module):
         hidden = ffn_hidden(config)
         self.activation = config.activation
         gates = 2 if config.activation == "swiglu" else 1
-        self.fc = nn.Linear(config.n_embd, gates * hidden, bias=part_bias(config, "ffn"))
+        self.fc = Linear(config.n_embd, gates * hidden, bias=part_bias(config, "ffn"))
         self.proj = ResidualProjection(hidden, config.n_embd, bias=part_bias(config, "ffn"))
         self.dropout = nn.Dropout(config.dropout)
 
@@ -192,7 +193,7 @@ class MixtureOfExperts(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.k = config.expert_top_k
-        self.router = nn.Linear(config.n_embd, config.n_experts, bias=False)
+        self.router = Linear(config.n_embd, config.n_experts, bias=False)
         self.experts = nn.ModuleList(MLP(config) for _ in range(config.n_experts))
         self.aux_loss = torch.zeros(())
 

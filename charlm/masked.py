@@ -22,6 +22,7 @@ from charlm.data import IGNORE, RandomWindows
 from charlm.device import autocast
 from charlm.encdec import EncoderBlock
 from charlm.layers import make_norm
+from charlm.linear import Linear
 from charlm.model import absolute_positions, init_weights, recorded_attention
 from charlm.prepare import release_mapped_pages
 
@@ -42,7 +43,7 @@ class EncoderOnly(nn.Module):
         self.drop = nn.Dropout(config.dropout)
         self.encoder = nn.ModuleList(EncoderBlock(config) for _ in range(config.n_layer))
         self.ln_f = make_norm(config) if config.norm_position == "pre" else nn.Identity()
-        self.head = nn.Linear(C, vocab_size + 1, bias=config.head_bias)
+        self.head = Linear(C, vocab_size + 1, bias=config.head_bias)
         if config.tie_weights:
             self.head.weight = self.tok_emb.weight
         self.apply(self._init_weights)

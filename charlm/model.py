@@ -27,6 +27,7 @@ from charlm.layers import (
     make_norm,
     part_bias,
 )
+from charlm.linear import Linear
 
 RELATIVE = ("rope", "alibi")  # encodings under which attention depends on distances only
 
@@ -96,7 +97,7 @@ class CausalSelfAttention(nn.Module):
         self.explicit = config.attention == "explicit"
         self.keep_weights = False
         self.weights: torch.Tensor | None = None  # (B, nh, T, S) of the last forward, when keep_weights
-        self.qkv = nn.Linear(config.n_embd, 3 * config.n_embd, bias=part_bias(config, "qkv"))
+        self.qkv = Linear(config.n_embd, 3 * config.n_embd, bias=part_bias(config, "qkv"))
         self.proj = ResidualProjection(config.n_embd, config.n_embd, bias=part_bias(config, "proj"))
         self.dropout = config.dropout
         self.attn_dropout = nn.Dropout(config.dropout)
@@ -188,7 +189,7 @@ class GPT(nn.Module):
                 block.attn.rotary = shared
         # Post-LN blocks already end in a norm; pre-LN needs one before the head.
         self.ln_f = make_norm(config) if config.norm_position == "pre" else nn.Identity()
-        self.head = nn.Linear(config.n_embd, vocab_size, bias=config.head_bias)
+        self.head = Linear(config.n_embd, vocab_size, bias=config.head_bias)
         if config.tie_weights:
             self.head.weight = self.tok_emb.weight
         self.apply(self._init_weights)

@@ -22,6 +22,7 @@ from charlm.distributed import Dist, setup, teardown
 from charlm.download import ensure_builtin_corpus
 from charlm.errors import UsageError
 from charlm.finetune import finetune_config, finetune_tokenizer, init_model, load_source
+from charlm.linear import linear_words
 from charlm.metrics import require_loggers
 from charlm.pairs import PairCorpus
 from charlm.progress import TrainReporter
@@ -42,6 +43,7 @@ RESUMABLE_KEYS = {
     "train.grad_clip",
     "train.device",
     "train.compile",
+    "train.cpu_linear",
     "train.lr_schedule",
     "data.path",
     "train.loggers",
@@ -292,6 +294,8 @@ def _build(
         reporter.info(f"resuming {out_dir / 'last.pt'} at step {trainer.state.step}")
     reporter.info(trainer.schedule.describe())
     reporter.info(f"precision: {precision_words(trainer.amp_dtype, config.train.dtype, device)}")
+    if device.type == "cpu":
+        reporter.info(f"linear layers: {linear_words(trainer.onednn, config.train.cpu_linear)}")
     if dist.active:
         reporter.info(
             f"DDP: {dist.world_size} processes, global batch {trainer.state.global_batch} windows "

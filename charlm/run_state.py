@@ -72,13 +72,14 @@ class TrainSummary:
     world_size: int  # processes (torchrun ranks)
     global_batch: int  # windows per optimizer step: batch_size x grad_accum x world_size
     precision: str  # float32, or the autocast dtype (bfloat16, float16) of training and evaluation
+    linear_kernels: str  # onednn or torch: whose float32 kernels ran the linear layers (train.cpu_linear)
 
     @classmethod
     def of(
         cls, state: RunState, stop_reason: str, full: EvalResult, whole: bool, unit: str, **run: Any
     ) -> TrainSummary:
         """The summary of a finished run: its state, why it stopped, the final pass, and `run`'s wall_s, params,
-        device, out_dir, peak_memory_mb and precision."""
+        device, out_dir, peak_memory_mb, precision and linear_kernels."""
         return cls(
             best_val_loss=state.best_val_loss,
             full_val_loss=full.loss,

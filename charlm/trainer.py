@@ -34,6 +34,7 @@ from charlm.device import (
 )
 from charlm.distributed import Dist
 from charlm.errors import CharlmError, Interrupted, UsageError, WorkError
+from charlm.linear import onednn_linears, use_onednn
 from charlm.masked import MaskedWindows
 from charlm.metrics import MetricsLog
 from charlm.optim import make_optimizer
@@ -73,7 +74,8 @@ def compile_or_warn(model: nn.Module, reporter: TrainReporter) -> nn.Module:
 def training_dtype(config: Config, device: torch.device) -> torch.dtype | None:
     """The run's autocast dtype (None: float32), from train.dtype, the device, and the size of a micro-batch."""
     tokens = config.train.batch_size * config.model.block_size
-    return autocast_dtype(device, config.train.dtype, config.model.n_embd, tokens)
+    onednn = use_onednn(device, config.train.cpu_linear)  # float32's kernels: what bf16 must beat
+    return autocast_dtype(device, config.train.dtype, config.model.n_embd, tokens, onednn)
 
 
 def seed_for_rank(seed: int, rank: int) -> int:
@@ -103,6 +105,7 @@ class Trainer:
         self.started = time.perf_counter() if started is None else started  # the invocation's start, for wall_s
         tc = config.train
         self.amp_dtype = training_dtype(config, device)  # decided once: steps, evaluations and the final pass
+        self.onednn = use_onednn(device, tc.cpu_linear)  # likewise: oneDNN's float32 kernels for linear layers
         self.optimizer = make_optimizer(model, tc, device)
         self.schedule = LRSchedule(tc)
         self.scaler = torch.amp.GradScaler(device.type) if self.amp_dtype == torch.float16 else None
@@ -153,10 +156,11 @@ class Trainer:
         """Train until a limit, early stop or stop request, then score best.pt on the validation split. Returns the
         summary on rank 0 (None on the others); the metrics are closed however the run ends."""
         try:
-            self._loop()
-            if not self.dist.is_main:
-                return None
-            summary = self._summary()
+            with onednn_linears(self.onednn):
+                self._loop()
+                if not self.dist.is_main:
+                    return None
+                summary = self._summary()
             self.metrics.finish(summary.to_dict())
             return summary
         finally:
@@ -358,6 +362,7 @@ class Trainer:
             out_dir=str(self.folder.path),
             peak_memory_mb=peak_memory_mb(self.device),
             precision=precision_name(self.amp_dtype),
+            linear_kernels="onednn" if self.onednn else "torch",
         )
 
     def _load_rank_state(self, ranks: list[dict]) -> None:

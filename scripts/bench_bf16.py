@@ -5,6 +5,8 @@
 
 Each cell is a forward and backward pass of the default recipe's model (configs/cpu.yaml: RoPE, SwiGLU, 4 layers) at
 that width, on random windows; float32 and bf16 alternate for each cell, median of --steps after two warm-up steps.
+float32 runs on the kernels a training run picks here (train.cpu_linear: auto; oneDNN's on an AMD CPU, since
+2026-11-23), so the map compares bf16 with the float32 a user would otherwise get.
 charlm.device.cpu_bf16_pays holds the rules drawn from this map on an AMX-BF16 and an AVX-512 BF16 CPU; the last
 column says what it picks on this one.
 """
@@ -25,8 +27,10 @@ from benchlib import append_section
 
 from charlm.config import load_config
 from charlm.device import cpu_bf16_pays, cpu_bf16_units
+from charlm.linear import onednn_linears, use_onednn
 from charlm.model import GPT
 
+ONEDNN = use_onednn(torch.device("cpu"), "auto")  # float32's kernels, as `charlm train` picks them here
 WIDTHS = (96, 128, 192, 256, 384)
 BATCHES = ((12, 64), (16, 128), (32, 128), (64, 128))  # (batch, context): 768 to 8,192 tokens a step
 
@@ -40,10 +44,10 @@ def step_seconds(width: int, batch: int, context: int, bf16: bool, steps: int) -
     times = []
     for _ in range(steps + 2):
         started = time.perf_counter()
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        with onednn_linears(ONEDNN), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
             _, loss = model(x, y)
-        assert loss is not None
-        loss.backward()
+            assert loss is not None
+            loss.backward()
         times.append(time.perf_counter() - started)
     return statistics.median(times[2:])
 
@@ -54,13 +58,13 @@ def main() -> None:
     parser.add_argument("--record", action="store_true", help="append the map to docs/benchmarks.md")
     args = parser.parse_args()
     units = cpu_bf16_units()
-    print(f"bf16 matrix units on this CPU: {units or 'none'}")
+    print(f"bf16 matrix units on this CPU: {units or 'none'}; float32 on {'oneDNN' if ONEDNN else 'torch'}'s kernels")
     rows = []
     for width in WIDTHS:
         for batch, context in BATCHES:
             fp32 = step_seconds(width, batch, context, False, args.steps)
             bf16 = step_seconds(width, batch, context, True, args.steps)
-            picks = "bfloat16" if units and cpu_bf16_pays(width, batch * context, units) else "float32"
+            picks = "bfloat16" if units and cpu_bf16_pays(width, batch * context, units, ONEDNN) else "float32"
             rows.append(
                 [
                     str(width),
@@ -81,7 +85,8 @@ def main() -> None:
             "bf16 speed-up",
             "auto picks",
         ]
-        append_section("bf16 autocast against float32 on the CPU, per training step", header, rows)
+        kernels = "oneDNN's" if ONEDNN else "torch's default"
+        append_section(f"bf16 autocast against float32 ({kernels} kernels) on the CPU, per training step", header, rows)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ from charlm.checkpoint import load_checkpoint
 from charlm.config import load_config
 from charlm.data import Corpus, RandomWindows
 from charlm.device import seed_everything
+from charlm.linear import onednn_linears, use_onednn
 from charlm.model import GPT
 from charlm.trainer import make_optimizer, seed_for_rank
 
@@ -47,6 +48,12 @@ def torchrun_args(*args: str, nproc: int = 2) -> list[str]:
         "charlm",
         *map(str, args),
     ]
+
+
+def same_kernels(requested: str):
+    """The linear layers' kernels a CPU run picks (train.cpu_linear), so that a reference step rounds as it does:
+    Adam's first update is about ±lr wherever a gradient is near zero, whatever its rounding."""
+    return onednn_linears(use_onednn(torch.device("cpu"), requested))
 
 
 def torchrun(*args: str, nproc: int = 2, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -146,8 +153,9 @@ def test_two_ranks_of_batch_b_equal_one_process_of_batch_2b_after_one_step(tmp_p
     tc = config.train
     optimizer = make_optimizer(model, tc, torch.device("cpu"))
     initial = {k: v.clone() for k, v in model.state_dict().items()}
-    _, loss = model(x, y)
-    loss.backward()
+    with same_kernels(tc.cpu_linear):
+        _, loss = model(x, y)
+        loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip)
     optimizer.step()
     single = model.state_dict()
@@ -245,8 +253,9 @@ def test_encoder_decoder_two_ranks_of_batch_b_equal_one_process_of_batch_2b(tmp_
     initial = model.tok_emb.weight.detach().clone()
     optimizer = make_optimizer(model, config.train, torch.device("cpu"))
     # DDP averages the ranks' mean losses (a mean over each rank's target characters): weigh each half as DDP does.
-    loss = sum(model(s, t, y)[1] for (s, t), y in half) / 2
-    loss.backward()
+    with same_kernels(config.train.cpu_linear):
+        loss = sum(model(s, t, y)[1] for (s, t), y in half) / 2
+        loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), config.train.grad_clip)
     optimizer.step()
     for name, value in model.state_dict().items():
@@ -282,8 +291,9 @@ def test_encoder_two_ranks_of_batch_b_equal_one_process_of_batch_2b(tmp_path, co
         for rank in (0, 1)
     ]
     optimizer = make_optimizer(model, config.train, torch.device("cpu"))
-    loss = sum(model(x, y)[1] for x, y in batches) / 2  # DDP averages each rank's mean over its hidden characters
-    loss.backward()
+    with same_kernels(config.train.cpu_linear):
+        loss = sum(model(x, y)[1] for x, y in batches) / 2  # DDP averages each rank's mean over its hidden characters
+        loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), config.train.grad_clip)
     optimizer.step()
     for name, value in model.state_dict().items():

@@ -37,6 +37,21 @@ def test_bf16_is_chosen_where_it_was_measured_to_pay(units, width, tokens, pays)
     assert cpu_bf16_pays(width, tokens, units) is pays
 
 
+@pytest.mark.parametrize(
+    ("width", "tokens", "pays"),
+    [  # the 2026-11-23 map against float32 on oneDNN's kernels, AMD EPYC (docs/benchmarks.md)
+        (96, 2048, False),  # the default recipe: 0.80x
+        (192, 8192, False),  # 1.02x
+        (256, 8192, False),  # 1.06x
+        (384, 768, True),  # 1.06x
+        (384, 2048, True),  # 1.11x
+    ],
+)
+def test_against_onednn_float32_avx512_bf16_pays_only_from_384_wide(width, tokens, pays):
+    assert cpu_bf16_pays(width, tokens, "avx512", onednn=True) is pays
+    assert cpu_bf16_pays(width, tokens, "amx", onednn=True) is cpu_bf16_pays(width, tokens, "amx")  # Intel: MKL's
+
+
 def test_auto_uses_bf16_on_a_cpu_only_with_bf16_units_and_a_model_that_gains():
     cpuinfo = Path("/proc/cpuinfo")  # Linux; elsewhere there is no run-time check and auto stays float32
     flags = set(cpuinfo.read_text(encoding="utf-8", errors="replace").split()) if cpuinfo.is_file() else set()
@@ -50,12 +65,12 @@ def test_auto_uses_bf16_on_a_cpu_only_with_bf16_units_and_a_model_that_gains():
 
 def test_the_header_and_the_summary_say_which_precision_trained(tmp_path, corpus):
     common = ["train", "--config", "tiny", "--data", corpus, "--max-steps", "2", "--json"]
-    wide = ["--set", "model.n_embd=256", "--set", "model.n_head=4", "--set", "model.n_layer=1"]
+    wide = ["--set", "model.n_embd=384", "--set", "model.n_head=4", "--set", "model.n_layer=1"]
     narrow = run_cli(*common, "--out-dir", tmp_path / "narrow", check=True)
     assert json.loads(narrow.stdout)["precision"] == "float32"
     assert "precision: float32" in narrow.stderr
     wide_run = run_cli(*common, *wide, "--out-dir", tmp_path / "wide", check=True)
-    expected = "bfloat16" if cpu_bf16_units() else "float32"  # 256 wide: bf16 pays on both kinds of units
+    expected = "bfloat16" if cpu_bf16_units() else "float32"  # 384 wide: bf16 pays on both kinds of units
     assert json.loads(wide_run.stdout)["precision"] == expected
     assert f"precision: {expected}" in wide_run.stderr
     off = run_cli(*common, *wide, "--set", "train.dtype=float32", "--out-dir", tmp_path / "off", check=True)
