@@ -2,8 +2,8 @@
 
 Why: torch's x86 CPU build multiplies float32 matrices with MKL's sgemm, which takes a slow path on AMD CPUs;
 oneDNN (also inside torch) computes the same float32 products, with no lower precision, only another order of
-summation, about twice as fast there at this project's shapes: 1.35x a whole training step at nanoGPT's CPU shape
-on an AMD EPYC (docs/benchmarks.md). `train.cpu_linear` chooses; the training header says which kernels ran.
+summation, faster there: 1.21-1.43x a whole training step at nanoGPT's CPU shape on an AMD EPYC
+(docs/benchmarks.md). `train.cpu_linear` chooses; the training header says which kernels ran.
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ class OneDNNLinearFunction(torch.autograd.Function):
         return _pointwise(x2, weight, bias).view(*x.shape[:-1], weight.size(0))  # (..., out)
 
     @staticmethod
+    @torch.autograd.function.once_differentiable  # oneDNN's op has no derivative of its own: no double backward
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         x2, weight = ctx.saved_tensors
         g2 = grad.reshape(-1, grad.size(-1))  # (N, out)
@@ -74,13 +75,13 @@ class Linear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if (
-            _onednn_on.get()
+            not torch.compiler.is_compiling()  # first: a compiled graph must not read the switch (a graph break)
+            and _onednn_on.get()
             and x.dtype == torch.float32
             and self.weight.dtype == torch.float32
             and x.device.type == "cpu"
             and x.numel() > 0
             and not torch.is_autocast_enabled("cpu")
-            and not torch.compiler.is_compiling()
         ):
             return OneDNNLinearFunction.apply(x, self.weight, self.bias)
         return F.linear(x, self.weight, self.bias)
@@ -110,8 +111,9 @@ def cpu_vendor() -> str:
 
 
 def use_onednn(device: torch.device, requested: str) -> bool:
-    """train.cpu_linear: `auto` takes oneDNN on x86-64 CPUs other than Intel's (where MKL is at its best and the
-    gain was not measured); `onednn` insists (refused in one line where it cannot run); `torch` never."""
+    """train.cpu_linear: `auto` takes oneDNN on x86-64 CPUs known not to be Intel's (where MKL is at its best and the
+    gain was not measured; an unreadable vendor counts as Intel's); `onednn` insists (refused in one line where it
+    cannot run); `torch` never."""
     if device.type != "cpu" or requested == "torch":
         return False
     problem = onednn_problem()
@@ -119,15 +121,17 @@ def use_onednn(device: torch.device, requested: str) -> bool:
         if problem:
             raise UsageError(f"train.cpu_linear=onednn: {problem}; use train.cpu_linear=auto or torch")
         return True
-    return problem is None and cpu_vendor() != "GenuineIntel"
+    return problem is None and cpu_vendor() not in ("", "GenuineIntel")
 
 
-def linear_words(on: bool, requested: str) -> str:
-    """What a CPU run's header says of its linear layers' kernels."""
+def linear_words(on: bool, requested: str, compiled: bool = False) -> str:
+    """What a float32 CPU run's header says of its linear layers' kernels."""
+    if compiled:
+        return "torch.compile's (train.cpu_linear applies to runs without train.compile)"
     if on:
         how = "train.cpu_linear=torch for torch's default" if requested == "auto" else "train.cpu_linear=onednn"
         return f"oneDNN float32 kernels ({how})"
     if requested == "torch":
         return "torch's default float32 kernels (train.cpu_linear=torch)"
-    why = onednn_problem() or "on Intel CPUs MKL is at its best; train.cpu_linear=onednn forces oneDNN"
+    why = onednn_problem() or "MKL is at its best on Intel CPUs; train.cpu_linear=onednn forces oneDNN"
     return f"torch's default float32 kernels ({why})"

@@ -294,8 +294,9 @@ def _build(
         reporter.info(f"resuming {out_dir / 'last.pt'} at step {trainer.state.step}")
     reporter.info(trainer.schedule.describe())
     reporter.info(f"precision: {precision_words(trainer.amp_dtype, config.train.dtype, device)}")
-    if device.type == "cpu":
-        reporter.info(f"linear layers: {linear_words(trainer.onednn, config.train.cpu_linear)}")
+    if device.type == "cpu" and trainer.amp_dtype is None:  # under autocast the precision line says it all
+        compiled = trainer.forward is not trainer.uncompiled
+        reporter.info(f"linear layers: {linear_words(trainer.onednn, config.train.cpu_linear, compiled)}")
     if dist.active:
         reporter.info(
             f"DDP: {dist.world_size} processes, global batch {trainer.state.global_batch} windows "

@@ -105,7 +105,6 @@ class Trainer:
         self.started = time.perf_counter() if started is None else started  # the invocation's start, for wall_s
         tc = config.train
         self.amp_dtype = training_dtype(config, device)  # decided once: steps, evaluations and the final pass
-        self.onednn = use_onednn(device, tc.cpu_linear)  # likewise: oneDNN's float32 kernels for linear layers
         self.optimizer = make_optimizer(model, tc, device)
         self.schedule = LRSchedule(tc)
         self.scaler = torch.amp.GradScaler(device.type) if self.amp_dtype == torch.float16 else None
@@ -134,6 +133,8 @@ class Trainer:
             self.uncompiled = nn.parallel.DistributedDataParallel(model, device_ids=ids)
         compiled = should_compile(device, tc.compile)
         self.forward = compile_or_warn(self.uncompiled, reporter) if compiled else self.uncompiled
+        # oneDNN's float32 kernels for the linear layers: not under autocast, nor in a compiled step (torch's there)
+        self.onednn = use_onednn(device, tc.cpu_linear) and self.amp_dtype is None and not compiled
 
     def resume(self, state: RunState, parts: dict[str, Any], source: Path) -> None:
         """Continue a saved run: its state and the optimizer's, schedule's, scaler's and random streams'."""

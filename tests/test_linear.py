@@ -102,3 +102,37 @@ def test_a_run_says_which_kernels_trained_and_both_learn_alike(tmp_path, corpus)
 def test_an_unknown_cpu_linear_is_one_line(tmp_path, corpus):
     result = run_cli("train", *SMALL, "--data", corpus, "--set", "train.cpu_linear=fast", "--out-dir", tmp_path / "r")
     assert_one_line_error(result, 2, "train.cpu_linear", "onednn")
+
+
+@needs_onednn
+def test_a_compiled_model_traces_whole_with_the_switch_on():
+    layer = Linear(8, 4)
+    compiled = torch.compile(layer, backend="eager", fullgraph=True)  # a graph break would raise here
+    with onednn_linears(True):
+        y = compiled(torch.randn(2, 8))
+    assert y.shape == (2, 4)
+
+
+@needs_onednn
+def test_a_second_derivative_is_refused_rather_than_wrong():
+    layer = Linear(4, 4)
+    x = torch.randn(3, 4, requires_grad=True)
+    with onednn_linears(True):
+        (grad,) = torch.autograd.grad(layer(x).square().sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError, match="once_differentiable|twice"):
+        grad.sum().backward()
+
+
+def test_auto_keeps_torchs_kernels_where_the_vendor_is_intel_or_unknown():
+    from charlm.linear import cpu_vendor
+
+    expected = onednn_problem() is None and cpu_vendor() not in ("", "GenuineIntel")
+    assert use_onednn(CPU, "auto") is expected
+
+
+@needs_onednn
+def test_a_bf16_run_reports_torchs_kernels(tmp_path, corpus):
+    args = ["train", *SMALL, "--data", corpus, "--max-steps", "2", "--json", "--set", "train.dtype=bfloat16"]
+    result = run_cli(*args, "--set", "train.cpu_linear=onednn", "--out-dir", tmp_path / "r", check=True)
+    assert json.loads(result.stdout)["linear_kernels"] == "torch"
+    assert "linear layers:" not in result.stderr  # the precision line says bf16 autocast
