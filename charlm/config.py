@@ -119,6 +119,11 @@ class ModelConfig:
     zero_init_proj: bool = documented(
         False, "start W_O and the feed-forward's output projection at zero, so each block begins as the identity"
     )
+    token_shift: bool = documented(
+        False,
+        "each position's embedding and each layer's self-attention input take in the previous position's, scaled "
+        "per channel and gated by the position (RWKV's token shift, nanochat's smear)",
+    )
     logit_softcap: float = documented(0.0, "cap the output logits smoothly: c * tanh(logits / c) (0 = off)", ge=0.0)
     init: Literal["gpt2", "torch"] = documented(
         "gpt2",

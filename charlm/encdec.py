@@ -22,7 +22,16 @@ from torch import nn
 from charlm.config import ModelConfig
 from charlm.data import IGNORE
 from charlm.kvcache import KVCache
-from charlm.layers import ResidualProjection, Rotary, alibi_slopes, feed_forward, make_norm, part_bias
+from charlm.layers import (
+    ResidualProjection,
+    Rotary,
+    TokenShift,
+    alibi_slopes,
+    feed_forward,
+    make_norm,
+    part_bias,
+    predecessors,
+)
 from charlm.linear import Linear
 from charlm.model import (
     CausalSelfAttention,
@@ -109,13 +118,17 @@ class EncoderBlock(nn.Module):
         self.pre = config.norm_position == "pre"
         self.ln_1, self.attn = make_norm(config), Attention(config, cross=False)
         self.ln_2, self.mlp = make_norm(config), feed_forward(config)
+        self.token_shift = TokenShift(config.n_embd) if config.token_shift else None  # as the decoder's attention
 
     def forward(self, x: torch.Tensor, key_mask: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        h = self.ln_1(x) if self.pre else x
+        if self.token_shift is not None:
+            h = self.token_shift(h, predecessors(h))
+        y = self.attn(h, self.attn.keys_values(h, pos), key_mask, pos)
         if self.pre:
-            h = self.ln_1(x)
-            x = x + self.attn(h, self.attn.keys_values(h, pos), key_mask, pos)
+            x = x + y
             return x + self.mlp(self.ln_2(x))
-        x = self.ln_1(x + self.attn(x, self.attn.keys_values(x, pos), key_mask, pos))
+        x = self.ln_1(x + y)
         return self.ln_2(x + self.mlp(x))
 
 
@@ -162,6 +175,8 @@ class EncoderDecoder(nn.Module):
         self.tok_emb = nn.Embedding(vocab_size, C)  # the target side's (and the source's, when shared)
         self.src_emb = None if config.share_embeddings else nn.Embedding(vocab_size, C)
         self.src_pos, self.pos_emb = absolute_positions(config), absolute_positions(config)
+        shift = config.token_shift  # one on each side: a source's characters and a target's differ in role
+        self.src_token_shift, self.token_shift = (TokenShift(C) if shift else None for _ in range(2))
         self.embed_scale = math.sqrt(C) if config.pos_encoding == "sinusoidal" else 1.0  # as GPT, for sinusoids
         self.drop = nn.Dropout(config.dropout)
         n_encoder = config.n_encoder_layer or config.n_layer
@@ -180,11 +195,23 @@ class EncoderDecoder(nn.Module):
     def _init_weights(self, module: nn.Module) -> None:
         init_weights(module, self.config, (self.config.n_encoder_layer or self.config.n_layer) + self.config.n_layer)
 
-    def _embed(self, ids: torch.Tensor, table: nn.Embedding, positions: nn.Module | None, start: int = 0):
-        T = ids.size(1)
+    def _embed(
+        self,
+        ids: torch.Tensor,
+        table: nn.Embedding,
+        positions: nn.Module | None,
+        shift: TokenShift | None,
+        cache: KVCache | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The embeddings (B, T, C) of ids (B, T) and their positions (T,), which continue a cache's."""
+        start, T = (cache.length if cache is not None else 0), ids.size(1)
         self.check_length(start + T)
         pos = torch.arange(start, start + T, device=ids.device)  # (T,)
+        if cache is not None:
+            cache.advance(pos, start + T)
         x = table(ids) * self.embed_scale if self.embed_scale != 1.0 else table(ids)  # (B, T, C)
+        if shift is not None:
+            x = shift(x, predecessors(x) if cache is None else cache.predecessors(x, 0))
         if positions is not None:
             x = x + positions(pos)
         return self.drop(x), pos
@@ -198,7 +225,7 @@ class EncoderDecoder(nn.Module):
     def encode(self, src: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The encoder's output (B, S, C) for padded sources (B, S), and the mask of real characters (B, S)."""
         key_mask = src != PAD
-        x, pos = self._embed(src, self.src_emb or self.tok_emb, self.src_pos)
+        x, pos = self._embed(src, self.src_emb or self.tok_emb, self.src_pos, self.src_token_shift)
         for block in self.encoder_blocks:
             x = block(x, key_mask, pos)
         return self.ln_enc(x), key_mask
@@ -216,10 +243,7 @@ class EncoderDecoder(nn.Module):
         cache: KVCache | None = None,
     ) -> torch.Tensor:
         """Logits (B, T, V) for the target so far (B, T), which begins with BOS; with a cache, only new positions."""
-        start = cache.length if cache is not None else 0
-        x, pos = self._embed(tgt, self.tok_emb, self.pos_emb, start)
-        if cache is not None:
-            cache.advance(pos, start + tgt.size(1))
+        x, pos = self._embed(tgt, self.tok_emb, self.pos_emb, self.token_shift, cache)
         for layer, (block, kv) in enumerate(zip(self.decoder_blocks, memory, strict=True)):
             x = block(x, pos, kv, key_mask, cache, layer)
         logits = self.head(self.ln_f(x))  # (B, T, V)

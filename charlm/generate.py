@@ -71,9 +71,7 @@ def _decode(
 ) -> Iterator[torch.Tensor]:
     """Fill tokens (B, L) from position n on, yielding each step's ids (B,): first chunks (and re-encoded windows)
     through model(), single new positions through decode_one; with no cache, the whole window every step."""
-    block_size, start = model.config.block_size, 0
-    # How far back the last position can see through n_layer sliding windows (relative encodings).
-    reach = model.config.n_layer * (block_size - 1) + 1
+    block_size, start, reach = model.config.block_size, 0, model.reach
     for _ in range(tokens.size(1) - n):
         if model.relative_positions:
             first = max(0, n - reach)

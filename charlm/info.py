@@ -67,6 +67,17 @@ def _head(config: ModelConfig, V: int) -> Row:
     return Row("output head", d * V + hb, "d·V + V" if hb else "d·V")
 
 
+def _token_shift(config: ModelConfig, stacks: tuple[str, ...] = ("layer",)) -> list[Row]:
+    """model.token_shift's mix and gate vectors: at the embeddings (each side's, for an encoder-decoder) and at each
+    layer's self-attention input."""
+    if not config.token_shift:
+        return []
+    d, sides = config.n_embd, len(stacks)
+    embeddings = "token shift, embeddings (mix and gate" + (", each side)" if sides == 2 else ")")
+    rows = [Row(embeddings, 2 * sides * d, f"{2 * sides}·d")]
+    return rows + [Row("token shift, attention input (mix and gate)", 2 * d, "2·d", True, stack) for stack in stacks]
+
+
 def encoder_decoder_info(config: ModelConfig, vocab_size: int) -> ModelInfo:
     """The encoder's and the decoder's rows apart, cross-attention its own row; as nn.Transformer counts them."""
     d, V, T, Ld = config.n_embd, vocab_size, config.block_size, config.n_layer
@@ -82,6 +93,7 @@ def encoder_decoder_info(config: ModelConfig, vocab_size: int) -> ModelInfo:
         rows.append(Row("positional embeddings (learned; encoder and decoder)", 2 * T * d, "2·block_size·d"))
     else:
         rows.append(Row(f"positional encoding ({config.pos_encoding})", 0, "no parameters"))
+    rows += _token_shift(config, ("encoder", "decoder"))
     rows += [
         Row("self-attention Q/K/V/output (both ways, padding masked)", attn, attn_f, True, "encoder"),
         Row(ffn_name, ffn, ffn_f, True, "encoder"),
@@ -119,6 +131,7 @@ def encoder_info(config: ModelConfig, vocab_size: int) -> ModelInfo:
         rows.append(Row("positional embedding (learned)", T * d, "block_size·d"))
     else:
         rows.append(Row(f"positional encoding ({config.pos_encoding})", 0, "no parameters"))
+    rows += _token_shift(config)
     rows += [
         Row("self-attention Q/K/V/output (both ways)", attn, attn_f, True),
         Row(ffn_name, ffn, ffn_f, True),
@@ -147,6 +160,7 @@ def model_info(config: ModelConfig, vocab_size: int) -> ModelInfo:
         rows.append(Row("positional embedding (learned)", T * d, "block_size·d"))
     else:
         rows.append(Row(f"positional encoding ({config.pos_encoding})", 0, "no parameters"))
+    rows += _token_shift(config)
 
     qkv_b, proj_b, fb = (int(part_bias(config, part)) for part in ("qkv", "proj", "ffn"))
     attn = 4 * d * d + qkv_b * 3 * d + proj_b * d

@@ -29,11 +29,24 @@ class KVCache:
         self.k = torch.zeros(shape, device=device, dtype=dtype)
         self.v = torch.zeros(shape, device=device, dtype=dtype)
         self.pos = torch.zeros(max_len, dtype=torch.long, device=device)  # the position held in each slot
+        self.last = token_shift_state(n_layer, batch, n_head * head_dim, device, dtype)
         self.max_len = max_len
         self.length = 0  # the next position (0: empty)
+        self.prefill = True  # whether this step is a text's (or window's) first chunk: set by advance()
 
     def reset(self) -> None:
         self.length = 0
+
+    def predecessors(self, x: torch.Tensor, point: int) -> torch.Tensor:
+        """model.token_shift at shift point `point` (0: the embeddings, 1 + l: layer l's attention input): each
+        position's predecessor in x (B, T, C), for the first the last one encoded before (none for a text's first
+        chunk); keeps x's last position for the next step."""
+        return shifted(x, self.last[point], self.prefill)
+
+    def select_rows(self, index: torch.Tensor) -> None:
+        """Keep the rows in `index` (B',), in that order: a beam search's surviving beams."""
+        self.k, self.v = self.k.index_select(1, index), self.v.index_select(1, index)
+        self.last = self.last.index_select(1, index)
 
     def advance(self, pos: torch.Tensor, next_position: int) -> None:
         """Once per forward, before the layers: claim the slots of this step's positions (T,)."""
@@ -83,6 +96,7 @@ class RowCache:
         self.v = torch.zeros(shape, device=device, dtype=dtype)
         self.pos = torch.full((rows, max_len), self.EMPTY, dtype=torch.long, device=device)  # (R, L)
         self.next_pos = torch.zeros(rows, dtype=torch.long, device=device)  # (R,) each row's next position
+        self.last = token_shift_state(n_layer, rows, n_head * head_dim, device, dtype)
         self.max_len = max_len
         self.active = 0  # rows 0..active-1 take part in each step
 
@@ -91,16 +105,18 @@ class RowCache:
         self.pos[row] = self.EMPTY
         if cache is None or cache.length == 0:
             self.next_pos[row] = 0
+            self.last[:, row] = 0  # a text's first character has no predecessor
             return
         filled = min(cache.length, cache.max_len)
         self.k[:, row], self.v[:, row] = cache.k[:, 0], cache.v[:, 0]
         self.pos[row, :filled] = cache.pos[:filled]
-        self.next_pos[row] = cache.length
+        self.next_pos[row], self.last[:, row] = cache.length, cache.last[:, 0]
 
     def move_row(self, source: int, target: int) -> None:
         """Copy row `source` into row `target` (keeping the running rows packed at the front)."""
         self.k[:, target], self.v[:, target] = self.k[:, source], self.v[:, source]
         self.pos[target], self.next_pos[target] = self.pos[source], self.next_pos[source]
+        self.last[:, target] = self.last[:, source]
 
     def begin_step(self, length: int) -> torch.Tensor:
         """Once per forward, before the layers: each active row's position (B, 1), its slot claimed."""
@@ -113,6 +129,10 @@ class RowCache:
         self.pos[self.rows, self.slots] = pos
         self.next_pos[:n] += 1
         return pos[:, None]  # (B, 1)
+
+    def predecessors(self, x: torch.Tensor, point: int) -> torch.Tensor:
+        """As KVCache.predecessors, for this step's one position per active row (B, 1, C)."""
+        return shifted(x, self.last[point, : self.active], False)
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Store this step's (B, nh, 1, hd) keys/values; return every slot's keys, values and positions (B, S)."""
@@ -145,6 +165,7 @@ class StaticCache:
         self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(n_layer)]
         self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(n_layer)]
         self.pos = torch.full((max_len,), RowCache.EMPTY, dtype=torch.long, device=device)  # each slot's position
+        self.last = token_shift_state(n_layer, batch, n_head * head_dim, device, dtype)
         self.max_len = max_len
         self.length = 0  # the next position (0: empty)
         self.prefill = False
@@ -162,6 +183,10 @@ class StaticCache:
         self.step_pos = pos
         self.length = next_position
 
+    def predecessors(self, x: torch.Tensor, point: int) -> torch.Tensor:
+        """As KVCache.predecessors (in place inside the compiled step)."""
+        return shifted(x, self.last[point], self.prefill)
+
     def claim(self, pos: torch.Tensor) -> None:
         """Write this step's positions (T,) into their slots (inside the compiled step for single positions)."""
         self.slots = pos % self.max_len
@@ -176,6 +201,20 @@ class StaticCache:
         if self.prefill:  # a first chunk attends to itself (all of it, even beyond max_len)
             return k, v, self.step_pos
         return self.k[layer], self.v[layer], self.pos[None]
+
+
+def token_shift_state(n_layer: int, batch: int, dim: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """model.token_shift's memory between steps (n_layer + 1, B, C): the last position's input at each shift point."""
+    return torch.zeros(n_layer + 1, batch, dim, device=device, dtype=dtype)
+
+
+def shifted(x: torch.Tensor, last: torch.Tensor, fresh: bool) -> torch.Tensor:
+    """x (B, T, C) moved one position on, `last` (B, C) before its first position (zeros when `fresh`: the start of
+    a text or of a re-encoded window, as in training); `last` then holds x's last position."""
+    first = torch.zeros_like(x[:, :1]) if fresh else last[:, None].to(x.dtype)
+    previous = torch.cat([first, x[:, :-1]], dim=1)  # (B, T, C), made before `last` is overwritten
+    last.copy_(x[:, -1].detach())
+    return previous
 
 
 AnyCache = KVCache | RowCache | StaticCache

@@ -138,6 +138,33 @@ def part_bias(config: ModelConfig, part: str) -> bool:
     return config.bias if own is None else own
 
 
+# ---------------------------------------------------------------------------- token shift
+
+
+class TokenShift(nn.Module):
+    """Each position's input takes in its predecessor's: x_t + sigmoid(x_t · g) (m ⊙ x_{t-1}) (RWKV's token shift,
+    nanochat's smear), at the embeddings and at every layer's self-attention input: what attention would otherwise
+    spend a head on fetching, the previous character, comes for the price of an elementwise product.
+
+    m starts at zero, so a model starts without it; the gate g lets each position choose how much of its predecessor
+    it takes. A text's first position has none (zeros); predecessors() gives them, a cache while decoding.
+    """
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.mix = nn.Parameter(torch.zeros(dim))  # m: how much of each channel of x_{t-1}
+        self.gate = nn.Parameter(torch.zeros(dim))  # g: sigmoid(0) = 1/2 at first, for every character
+
+    def forward(self, x: torch.Tensor, previous: torch.Tensor) -> torch.Tensor:
+        """x and each position's predecessor, both (B, T, C)."""
+        return x + torch.sigmoid(x @ self.gate).unsqueeze(-1) * (self.mix * previous)
+
+
+def predecessors(x: torch.Tensor) -> torch.Tensor:
+    """(B, T, C): x moved one position on, zeros before the first position (a text's, or a window's start)."""
+    return F.pad(x[:, :-1], (0, 0, 1, 0))
+
+
 # ---------------------------------------------------------------------------- norms
 
 

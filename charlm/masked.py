@@ -21,7 +21,7 @@ from charlm.config import ModelConfig
 from charlm.data import IGNORE, RandomWindows
 from charlm.device import autocast
 from charlm.encdec import EncoderBlock
-from charlm.layers import make_norm
+from charlm.layers import TokenShift, make_norm, predecessors
 from charlm.linear import Linear
 from charlm.model import absolute_positions, init_weights, recorded_attention
 from charlm.prepare import release_mapped_pages
@@ -39,6 +39,7 @@ class EncoderOnly(nn.Module):
         C = config.n_embd
         self.tok_emb = nn.Embedding(vocab_size + 1, C)  # + the mask symbol
         self.pos_emb = absolute_positions(config)
+        self.token_shift = TokenShift(C) if config.token_shift else None
         self.embed_scale = math.sqrt(C) if config.pos_encoding == "sinusoidal" else 1.0
         self.drop = nn.Dropout(config.dropout)
         self.encoder = nn.ModuleList(EncoderBlock(config) for _ in range(config.n_layer))
@@ -62,6 +63,8 @@ class EncoderOnly(nn.Module):
             raise ValueError(f"sequence of length {T} is longer than the model's block_size {self.config.block_size}")
         pos = torch.arange(T, device=idx.device)  # (T,)
         x = self.tok_emb(idx) * self.embed_scale if self.embed_scale != 1.0 else self.tok_emb(idx)  # (B, T, C)
+        if self.token_shift is not None:
+            x = self.token_shift(x, predecessors(x))
         if self.pos_emb is not None:
             x = x + self.pos_emb(pos)
         x = self.drop(x)

@@ -21,11 +21,13 @@ from charlm.layers import (
     ResidualProjection,
     Rotary,
     SinusoidalPositions,
+    TokenShift,
     alibi_slopes,
     attention_mask,
     feed_forward,
     make_norm,
     part_bias,
+    predecessors,
 )
 from charlm.linear import Linear
 
@@ -106,11 +108,14 @@ class CausalSelfAttention(nn.Module):
         slopes = alibi_slopes(config.n_head) if config.pos_encoding == "alibi" else None
         self.register_buffer("slopes", slopes, persistent=False)
         self.qk_norm = config.qk_norm  # parameter-free RMS norm of q and k per head (bounded scores)
+        self.token_shift = TokenShift(config.n_embd) if config.token_shift else None
 
     def forward(
         self, x: torch.Tensor, pos: torch.Tensor, cache: AnyCache | None = None, layer: int = 0
     ) -> torch.Tensor:
         B, T, C = x.shape
+        if self.token_shift is not None:  # the layer's input at the previous position, too (cache shift point 1 + l)
+            x = self.token_shift(x, predecessors(x) if cache is None else cache.predecessors(x, 1 + layer))
         q, k, v = self.qkv(x).view(B, T, 3, self.n_head, C // self.n_head).permute(2, 0, 3, 1, 4)  # 3 x (B, nh, T, hd)
         if self.qk_norm:
             q, k = F.rms_norm(q, (q.size(-1),)), F.rms_norm(k, (k.size(-1),))
@@ -178,6 +183,7 @@ class GPT(nn.Module):
         self.vocab_size = vocab_size
         self.tok_emb = nn.Embedding(vocab_size, config.n_embd)
         self.pos_emb = absolute_positions(config)
+        self.token_shift = TokenShift(config.n_embd) if config.token_shift else None
         # The original paper scales embeddings by sqrt(d) before adding the fixed sinusoids; without it the
         # unit-amplitude sinusoids swamp the small initial embeddings (measured: 2.53 vs 1.94 nats/char).
         self.embed_scale = math.sqrt(config.n_embd) if config.pos_encoding == "sinusoidal" else 1.0
@@ -198,6 +204,14 @@ class GPT(nn.Module):
     def relative_positions(self) -> bool:
         """True when attention depends only on distances, so the context can roll instead of being re-encoded."""
         return self.config.pos_encoding in RELATIVE
+
+    @property
+    def reach(self) -> int:
+        """How many positions the last position's logits depend on under relative positions: itself and n_layer
+        sliding windows of block_size - 1 before it; with token shift one more per layer and one for the embeddings
+        (each shift point's predecessor)."""
+        c = self.config
+        return c.n_layer * (c.block_size - 1) + 1 + (c.n_layer + 1 if c.token_shift else 0)
 
     def _init_weights(self, module: nn.Module) -> None:
         init_weights(module, self.config, self.config.n_layer)
@@ -244,6 +258,8 @@ class GPT(nn.Module):
         x = self.tok_emb(idx)  # (B, T, C)
         if self.embed_scale != 1.0:
             x = x * self.embed_scale
+        if self.token_shift is not None:
+            x = self.token_shift(x, predecessors(x) if cache is None else cache.predecessors(x, 0))
         if self.pos_emb is not None:
             x = x + self.pos_emb(pos)
         x = self.drop(x)

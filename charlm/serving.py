@@ -163,8 +163,7 @@ class Engine:
         self.rows.append(c)
         self.cache.active = len(self.rows)
         if self.module.relative_positions:
-            reach = self.module.config.n_layer * (self.module.config.block_size - 1) + 1
-            first = max(0, len(c.tokens) - reach)
+            first = max(0, len(c.tokens) - self.module.reach)
         else:
             first = c.window = window_start(len(c.tokens), 0, self.module.config.block_size)
         self._encode_row(row, c.tokens[first:-1], first if self.module.relative_positions else 0)

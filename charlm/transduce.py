@@ -144,7 +144,7 @@ def beam_batch(model: EncoderDecoder, sources: list[list[int]], options: DecodeO
             break
         scores = torch.tensor(next_scores, device=device)
         index = torch.tensor(rows, device=device)
-        cache.k, cache.v = cache.k.index_select(1, index), cache.v.index_select(1, index)
+        cache.select_rows(index)
         token = torch.tensor(next_tokens, device=device)[:, None]
     return [max(f, key=lambda x: x[0])[1] if f else beams[b][0] for b, f in enumerate(finished)]
 

@@ -32,6 +32,8 @@ BASELINE = [
     "model.tie_weights=true",
     "model.bias=true",
     "model.ffn_mult=4",
+    "model.n_head=4",
+    "model.token_shift=false",
     # and the AdamW recipe of the day the table was measured (cpu.yaml now uses Muon, linear decay, batch 16)
     "train.optimizer=adamw",
     "train.lr_schedule=cosine",
@@ -59,6 +61,8 @@ MODERN_BASELINE = [
     "model.pos_encoding=rope",
     "model.activation=swiglu",
     "model.tie_weights=true",
+    "model.n_head=4",
+    "model.token_shift=false",
     "train.optimizer=adamw",
     "train.lr_schedule=cosine",
     "train.lr=5e-3",
@@ -72,6 +76,7 @@ MODERN = {
     "activation=relu2": ["model.activation=relu2"],
     "zero_init_proj=true": ["model.zero_init_proj=true"],
     "logit_softcap=30": ["model.logit_softcap=30"],
+    "token_shift=true": ["model.token_shift=true"],
     "untied, embed_lr=0.02, head_lr=0.002": ["model.tie_weights=false", "train.embed_lr=0.02", "train.head_lr=0.002"],
     "optimizer=muon (muon_lr 0.02)": ["train.optimizer=muon"],
     "optimizer=muon (match_rms_adamw, muon_lr 5e-3)": [

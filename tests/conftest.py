@@ -268,6 +268,23 @@ def assert_resume_is_exact(common: list, folder: Path, steps: int = 12) -> None:
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+def with_token_shift_weights(model, seed: int = 0):
+    """Give every TokenShift of `model` random mix and gate vectors (they start at zero, where the shift does
+    nothing, so a test of its decoding paths would prove nothing); returns the model."""
+    import torch
+
+    from charlm.layers import TokenShift
+
+    generator = torch.Generator().manual_seed(seed)
+    shifts = [m for m in model.modules() if isinstance(m, TokenShift)]
+    assert shifts, "the model has no token shift"
+    with torch.no_grad():
+        for shift in shifts:
+            shift.mix.copy_(torch.randn(shift.mix.shape, generator=generator))
+            shift.gate.copy_(torch.randn(shift.gate.shape, generator=generator))
+    return model
+
+
 def pytest_configure(config) -> None:
     """Under pytest-xdist each worker gets one core's worth of threads (its subprocesses too), so that two workers on
     a 2-core machine do not fight over the same cores."""

@@ -7,7 +7,7 @@ import json
 
 import pytest
 import torch
-from conftest import assert_one_line_error, run_cli
+from conftest import assert_one_line_error, run_cli, with_token_shift_weights
 
 import charlm
 from charlm.compiled_decode import compiled_decoder
@@ -38,7 +38,8 @@ def forced_logits(model: GPT, text: torch.Tensor, compile: bool, prompt: int = 3
 def small_model(encoding: str = "rope", **parts) -> GPT:
     torch.manual_seed(0)
     config = ModelConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, dropout=0.0, pos_encoding=encoding, **parts)
-    return GPT(config, 20).eval()
+    model = GPT(config, 20).eval()
+    return with_token_shift_weights(model) if config.token_shift else model
 
 
 OTHER_PARTS = {"n_experts": 2, "attention": "explicit", "norm_position": "post", "qk_norm": True, "logit_softcap": 5.0}
@@ -51,6 +52,8 @@ OTHER_PARTS = {"n_experts": 2, "attention": "explicit", "norm_position": "post",
         ("learned", {}, 3, 1),
         ("alibi", {}, 3, 1),
         ("sinusoidal", OTHER_PARTS, 3, 1),
+        ("rope", {"token_shift": True}, 3, 2),
+        ("learned", {"token_shift": True}, 20, 2),
         ("rope", {}, 36, 2),  # a prompt beyond what the last position reaches (2 x 15 + 1): a later first position
         ("learned", {}, 20, 2),  # a prompt beyond the context: the window jumps before the first step
     ],
@@ -59,7 +62,7 @@ def test_compiled_steps_give_the_eager_loops_logits(encoding, parts, prompt, bat
     """Through a 16-character context to 43 characters: the window rolls (rope, alibi) or jumps and is re-encoded
     (learned, sinusoidal), and every step's logits match the eager cached loop's to float rounding, in every row;
     one case also takes a mixture of experts, written-out attention, post-norm blocks, QK-norm and a logit
-    soft-cap."""
+    soft-cap, two token shift (each shift point's last input, kept in the static cache by the compiled step)."""
     model, text = small_model(encoding, **parts), torch.randint(0, 20, (43,))
     eager = forced_logits(model, text, False, prompt, batch)
     compiled = forced_logits(model, text, True, prompt, batch)

@@ -9,7 +9,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import assert_one_line_error, assert_resume_is_exact, callers_signal_handlers, handlers_are, run_cli
+from conftest import (
+    assert_one_line_error,
+    assert_resume_is_exact,
+    callers_signal_handlers,
+    handlers_are,
+    run_cli,
+    with_token_shift_weights,
+)
 
 import charlm
 from charlm.config import load_config
@@ -239,7 +246,8 @@ def small(**changes) -> EncoderDecoder:
     sets = [f"model.{k}={v}" for k, v in changes.items()]
     config = load_config(None, ["model.arch=encoder-decoder", "data.format=pairs", "model.n_embd=32", *sets])
     torch.manual_seed(0)
-    return EncoderDecoder(config.model, 20).eval()
+    model = EncoderDecoder(config.model, 20).eval()
+    return with_token_shift_weights(model) if config.model.token_shift else model
 
 
 @pytest.mark.parametrize(
@@ -250,6 +258,7 @@ def small(**changes) -> EncoderDecoder:
         {"share_embeddings": "false", "tie_weights": "false", "head_bias": "true", "n_encoder_layer": 3},
         {"activation": "swiglu", "bias": "false", "norm": "rmsnorm", "pos_encoding": "rope"},
         {"cross_attention": "false", "pos_encoding": "alibi"},
+        {"token_shift": "true"},
     ],
 )
 def test_info_counts_every_parameter(changes):
@@ -268,9 +277,12 @@ def test_info_gives_the_classic_base_models_counts():
     assert model_info(load_config(None, separate).model, 32000).total_params == 93_324_544  # nn.Transformer + 3 tables
 
 
-@pytest.mark.parametrize("pos_encoding", ["learned", "sinusoidal", "rope", "alibi"])
-def test_padding_changes_nothing_and_the_cache_matches_the_full_pass(pos_encoding):
-    model = small(pos_encoding=pos_encoding, dropout=0.0)
+@pytest.mark.parametrize(
+    ("pos_encoding", "token_shift"),
+    [("learned", False), ("sinusoidal", False), ("rope", False), ("alibi", False), ("learned", True), ("rope", True)],
+)
+def test_padding_changes_nothing_and_the_cache_matches_the_full_pass(pos_encoding, token_shift):
+    model = small(pos_encoding=pos_encoding, dropout=0.0, token_shift=token_shift)
     pairs = [([3, 4, 5], [6, 7]), ([8, 9, 10, 11, 12, 13], [14, 15, 16, 17])]
     (src, tgt_in), _ = pad_batch(pairs, torch.device("cpu"))
     with torch.no_grad():
@@ -281,6 +293,21 @@ def test_padding_changes_nothing_and_the_cache_matches_the_full_pass(pos_encodin
         memory, cache = model.memory(encoded), model.new_cache(2, torch.device("cpu"))
         stepped = torch.cat([model.decode(tgt_in[:, t : t + 1], memory, mask, cache) for t in range(5)], dim=1)
         assert torch.allclose(stepped, together, atol=1e-5)
+
+
+@torch.no_grad()
+def test_a_cache_reordered_for_beams_continues_each_kept_row():
+    """select_rows (beam search's reordering) moves each row's keys, values and token-shift memory together."""
+    model = small(pos_encoding="rope", token_shift=True)
+    src = torch.tensor([[3, 4, 5], [3, 4, 5]])
+    tgt = torch.tensor([[BOS, 6, 7, 8], [BOS, 9, 8, 7]])
+    encoded, mask = model.encode(src)
+    memory, cache = model.memory(encoded), model.new_cache(2, torch.device("cpu"))
+    model.decode(tgt[:, :3], memory, mask, cache)
+    cache.select_rows(torch.tensor([1, 0]))  # the beams swap rows
+    swapped = tgt.flip(0)
+    stepped = model.decode(swapped[:, 3:], memory, mask, cache)[:, -1]
+    torch.testing.assert_close(stepped, model(src, swapped)[0][:, -1], rtol=1e-4, atol=1e-5)
 
 
 def test_attention_maps_cover_encoder_decoder_and_cross_with_padding_unseen():
@@ -331,17 +358,21 @@ def test_muon_takes_both_stacks_matrices():
     assert all(p.dim() == 2 for p in hidden_matrices(model))
 
 
-def test_beam_search_finds_the_best_ending_hypothesis_of_an_untrained_model():
+@pytest.mark.parametrize("token_shift", [False, True])
+def test_beam_search_finds_the_best_ending_hypothesis_of_an_untrained_model(token_shift):
     """With a beam as wide as every hypothesis, beam search is exhaustive: it must return the target whose mean
     log-probability per character (its end included) is highest, never a hypothesis cut off by the length limit
-    unless its own end scores best, and never padding or start symbols."""
+    unless its own end scores best, and never padding or start symbols. With token shift, the surviving beams'
+    cache rows keep their own last embeddings."""
     import itertools
     import math
 
     config = load_config(None, ["model.arch=encoder-decoder", "data.format=pairs", "model.n_embd=16"])
-    config.model.block_size, config.model.n_head = 4, 2
+    config.model.block_size, config.model.n_head, config.model.token_shift = 4, 2, token_shift
     torch.manual_seed(1)
     model = EncoderDecoder(config.model, 5).eval()  # ids 3 and 4 are the only real characters
+    if token_shift:
+        with_token_shift_weights(model, seed=1)
     source = [3, 4, 4]
 
     @torch.no_grad()

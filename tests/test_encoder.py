@@ -129,6 +129,7 @@ def test_training_from_python_leaves_the_signal_handlers_alone(tmp_path, corpus)
         [],
         ["model.tie_weights=false", "model.head_bias=true"],
         ["model.pos_encoding=learned", "model.norm_position=post"],
+        ["model.token_shift=true"],
     ],
 )
 def test_info_counts_every_parameter(sets):

@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from conftest import with_token_shift_weights
 
 from charlm.config import ModelConfig
 from charlm.generate import SampleOptions, generate_ids, sample, window_start
@@ -11,9 +12,10 @@ from charlm.tokenizer import CharTokenizer
 BLOCK = 16
 
 
-def model(seed=0) -> GPT:
+def model(seed=0, **parts) -> GPT:
     torch.manual_seed(seed)
-    return GPT(ModelConfig(n_layer=2, n_head=2, n_embd=32, block_size=BLOCK, dropout=0.0), 40).eval()
+    built = GPT(ModelConfig(n_layer=2, n_head=2, n_embd=32, block_size=BLOCK, dropout=0.0, **parts), 40).eval()
+    return with_token_shift_weights(built) if parts.get("token_shift") else built
 
 
 def greedy(m, prompt, n, use_cache):
@@ -28,8 +30,42 @@ def test_cached_greedy_equals_uncached_across_the_context_boundary(prompt_len, n
     assert greedy(m, prompt, new, use_cache=True) == greedy(m, prompt, new, use_cache=False)
 
 
-def test_cache_logits_match_a_full_forward():
-    m = model()
+@pytest.mark.parametrize("pos_encoding", ["rope", "learned"])
+@pytest.mark.parametrize("prompt_len", [1, BLOCK + 7, 3 * BLOCK])
+def test_token_shift_cached_greedy_equals_uncached(pos_encoding, prompt_len):
+    """The cache carries each shift point's last input into the next step; a rolling window (rope) and a re-encoded
+    one (learned) give the reference loop's text, whose windows start without a predecessor as in training."""
+    m = model(token_shift=True, pos_encoding=pos_encoding)
+    prompt = torch.randint(40, (prompt_len,), generator=torch.Generator().manual_seed(prompt_len)).tolist()
+    assert greedy(m, prompt, 5 * BLOCK, use_cache=True) == greedy(m, prompt, 5 * BLOCK, use_cache=False)
+
+
+def forced_logits(m: GPT, text: torch.Tensor, prompt: int, use_cache: bool) -> torch.Tensor:
+    """Every step's logits (N - prompt, V) of the decoding loop fed the text's own next character."""
+    seen: list[torch.Tensor] = []
+
+    def teacher(logits: torch.Tensor) -> torch.Tensor:
+        seen.append(logits[0].clone())
+        return text[prompt + len(seen) - 1 : prompt + len(seen)]
+
+    for _ in generate_ids(m, text[:prompt].tolist(), len(text) - prompt, 1, teacher, use_cache):
+        pass
+    return torch.stack(seen)
+
+
+@pytest.mark.parametrize("pos_encoding", ["rope", "learned"])
+def test_token_shift_cached_logits_equal_the_reference_loops(pos_encoding):
+    """Every step's logits, not only the greedy text: the rolling cache carries each shift point's last input, and
+    the reference loop (rope) encodes as far back as the last position reaches, one position more per shift point."""
+    m = model(token_shift=True, pos_encoding=pos_encoding)
+    text = torch.randint(40, (6 * BLOCK,), generator=torch.Generator().manual_seed(3))
+    cached, reference = forced_logits(m, text, 3, True), forced_logits(m, text, 3, False)
+    torch.testing.assert_close(cached, reference, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("token_shift", [False, True])
+def test_cache_logits_match_a_full_forward(token_shift):
+    m = model(token_shift=token_shift)
     x = torch.randint(40, (2, 12))
     cache = m.new_cache(2, torch.device("cpu"))
     m(x[:, :7], cache=cache)

@@ -7,6 +7,7 @@ import threading
 
 import pytest
 import torch
+from conftest import with_token_shift_weights
 
 from charlm.config import ModelConfig
 from charlm.generate import generate_ids
@@ -18,10 +19,12 @@ BLOCK = 16
 VOCAB = [chr(ord("a") + i) for i in range(26)] + list(" .,;:!?\n'-ABCDEF")[:14]
 
 
-def model(pos_encoding: str, seed: int = 0) -> GPT:
+def model(pos_encoding: str, seed: int = 0, token_shift: bool = False) -> GPT:
     torch.manual_seed(seed)
-    config = ModelConfig(n_layer=2, n_head=2, n_embd=32, block_size=BLOCK, dropout=0.0, pos_encoding=pos_encoding)
-    return GPT(config, len(VOCAB)).eval()
+    shape = dict(n_layer=2, n_head=2, n_embd=32, block_size=BLOCK, dropout=0.0)
+    config = ModelConfig(**shape, pos_encoding=pos_encoding, token_shift=token_shift)
+    built = GPT(config, len(VOCAB)).eval()
+    return with_token_shift_weights(built) if token_shift else built
 
 
 def alone(m: GPT, prompt: list[int], n: int) -> list[int]:
@@ -49,9 +52,13 @@ def completion(prompt: list[int], n: int, collector: Collector, **options) -> Co
     return Completion(prompt, n, emit=collector, **settings)
 
 
-@pytest.mark.parametrize("pos_encoding", ["rope", "learned", "alibi", "sinusoidal"])
-def test_batched_greedy_equals_each_text_alone(pos_encoding):
-    m, tok = model(pos_encoding), CharTokenizer(VOCAB)
+@pytest.mark.parametrize(
+    ("pos_encoding", "token_shift"),
+    [("rope", False), ("learned", False), ("alibi", False), ("sinusoidal", False), ("rope", True), ("learned", True)],
+)
+def test_batched_greedy_equals_each_text_alone(pos_encoding, token_shift):
+    """With token shift, each row also carries its shift points' last inputs (rows join, leave and move)."""
+    m, tok = model(pos_encoding, token_shift=token_shift), CharTokenizer(VOCAB)
     rng = torch.Generator().manual_seed(1)
     lengths = [1, 5, BLOCK - 1, BLOCK, BLOCK + 7, 3 * BLOCK]
     prompts = [torch.randint(len(VOCAB), (n,), generator=rng).tolist() for n in lengths]
@@ -67,6 +74,27 @@ def test_batched_greedy_equals_each_text_alone(pos_encoding):
     for prompt, n, c in zip(prompts, news, collectors, strict=True):
         assert "".join(c.text) == tok.decode(alone(m, prompt, n)), (len(prompt), n)
         assert c.reason == "length"
+
+
+@torch.no_grad()
+def test_row_cache_rows_keep_their_token_shift_memory_when_loaded_and_moved():
+    """Each row's last input at every shift point travels with the row: loaded from the text's own cache, moved
+    when a row leaves, emptied for a new text of one character; the step's logits are each text's full pass's."""
+    m = model("rope", token_shift=True)
+    rng = torch.Generator().manual_seed(2)
+    texts = [torch.randint(len(VOCAB), (n,), generator=rng) for n in (5, 9, 13)]
+    rows = m.new_row_cache(3, torch.device("cpu"))
+    for row, text in enumerate(texts):
+        single = m.new_cache(1, torch.device("cpu"))
+        m(text[None, :-1], cache=single)
+        rows.load_row(row, single)
+    rows.move_row(2, 0)  # the first text leaves: the last row takes its place
+    fresh = texts[1][4:5]  # the second leaves too: a new text of one character, nothing to encode, takes its row
+    rows.load_row(1, None)
+    rows.active = 2
+    logits = m(torch.stack([texts[2][-1:], fresh]), cache=rows)[0][:, -1]  # (2, V)
+    for got, text in zip(logits, (texts[2], fresh), strict=True):
+        torch.testing.assert_close(got, m(text[None])[0][0, -1], rtol=1e-4, atol=1e-5)
 
 
 def test_stop_string_ends_the_text_and_is_left_out():
