@@ -1,4 +1,5 @@
-"""The interchangeable pieces from the classic Transformer texts: positional encodings, norms, feed-forwards."""
+"""The interchangeable pieces from the classic Transformer texts (positional encodings, norms, feed-forwards) and
+the speedrun era's token shift."""
 
 from __future__ import annotations
 

@@ -6,6 +6,7 @@ same next character as plain float32.
     python scripts/bench_sample.py --against HEAD~1             # also the same runs with an earlier commit's code
     python scripts/bench_sample.py --checkpoint runs/gpu        # also each decoder's top-1 agreement on a trained model
     python scripts/bench_sample.py --model runs/cpu --rounds 2  # time a trained model instead (the default one here)
+    python scripts/bench_sample.py --model runs/cpu --beside runs/old  # and another one with this code, alternating
     python scripts/bench_sample.py --record                     # and appends them to docs/benchmarks.md
 
 Every timed run is a fresh process sampling 1,000 new characters from a one-character prompt with seed 0 from the
@@ -126,6 +127,7 @@ def main() -> None:
     parser.add_argument("--against", help="an earlier commit to time beside this code (e.g. HEAD~1)")
     parser.add_argument("--checkpoint", help="a trained decoder (run folder or file) for the agreement run")
     parser.add_argument("--model", help="time this trained decoder (run folder or file) instead of a random 6 x 384")
+    parser.add_argument("--beside", help="also time this trained decoder (float32) with this code, alternating")
     parser.add_argument("--agreement-steps", type=int, default=10_000)
     parser.add_argument("--record", action="store_true", help="append the figures to docs/benchmarks.md")
     args = parser.parse_args()
@@ -133,19 +135,22 @@ def main() -> None:
     from benchlib import append_section
 
     with tempfile.TemporaryDirectory() as tmp:
-        variants = [("this code", ROOT, precision, compiled) for precision, compiled in DECODERS]
+        model = args.model or ""
+        variants = [("this code", ROOT, precision, compiled, model) for precision, compiled in DECODERS]
         if args.against:
             sha = subprocess.run(["git", "rev-parse", "--short", args.against], cwd=ROOT, capture_output=True,
                                  text=True, check=True).stdout.strip()  # fmt: skip
-            variants.insert(0, (f"commit {sha}", checkout(args.against, Path(tmp)), "float32", False))
+            variants.insert(0, (f"commit {sha}", checkout(args.against, Path(tmp)), "float32", False, model))
+        if args.beside:
+            variants.insert(0, (f"model {args.beside}", ROOT, "float32", False, args.beside))
         rows: list[list[str]] = []
         for batch in (1, 8):
             rates: dict[tuple[str, str], list[float]] = {}
             texts: dict[tuple[str, str], set[str]] = {}
             compiling: dict[tuple[str, str], list[float]] = {}
             for round_ in range(args.rounds):
-                for name, tree, precision, compiled in variants:
-                    run = timed_run(tree, precision, batch, args.tokens, model=args.model or "", compiled=compiled)
+                for name, tree, precision, compiled, timed_model in variants:
+                    run = timed_run(tree, precision, batch, args.tokens, model=timed_model, compiled=compiled)
                     key = (name, decoder_name(precision, compiled))
                     rates.setdefault(key, []).append(run["chars_per_s"])
                     texts.setdefault(key, set()).add(run["text"])
