@@ -211,8 +211,11 @@ def token_shift_state(n_layer: int, batch: int, dim: int, device: torch.device, 
 def shifted(x: torch.Tensor, last: torch.Tensor, fresh: bool) -> torch.Tensor:
     """x (B, T, C) moved one position on, `last` (B, C) before its first position (zeros when `fresh`: the start of
     a text or of a re-encoded window, as in training); `last` then holds x's last position."""
-    first = torch.zeros_like(x[:, :1]) if fresh else last[:, None].to(x.dtype)
-    previous = torch.cat([first, x[:, :-1]], dim=1)  # (B, T, C), made before `last` is overwritten
+    if x.size(1) == 1 and not fresh:  # a decoding step (the common case: as few operations as can be)
+        previous = last.unsqueeze(1).to(x.dtype, copy=True)  # (B, 1, C), copied before `last` is overwritten
+    else:
+        first = torch.zeros_like(x[:, :1]) if fresh else last[:, None].to(x.dtype)
+        previous = torch.cat([first, x[:, :-1]], dim=1)  # (B, T, C)
     last.copy_(x[:, -1].detach())
     return previous
 
