@@ -30,7 +30,6 @@ from charlm.layers import (
     feed_forward,
     make_norm,
     part_bias,
-    predecessors,
 )
 from charlm.linear import Linear
 from charlm.model import (
@@ -123,7 +122,7 @@ class EncoderBlock(nn.Module):
     def forward(self, x: torch.Tensor, key_mask: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         h = self.ln_1(x) if self.pre else x
         if self.token_shift is not None:
-            h = self.token_shift(h, predecessors(h))
+            h = self.token_shift(h)
         y = self.attn(h, self.attn.keys_values(h, pos), key_mask, pos)
         if self.pre:
             x = x + y
@@ -211,7 +210,7 @@ class EncoderDecoder(nn.Module):
             cache.advance(pos, start + T)
         x = table(ids) * self.embed_scale if self.embed_scale != 1.0 else table(ids)  # (B, T, C)
         if shift is not None:
-            x = shift(x, predecessors(x) if cache is None else cache.predecessors(x, 0))
+            x = shift(x, cache)
         if positions is not None:
             x = x + positions(pos)
         return self.drop(x), pos

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from charlm.config import ModelConfig
+from charlm.kvcache import AnyCache
 from charlm.linear import Linear
 
 # ---------------------------------------------------------------------------- positional encodings
@@ -148,7 +149,8 @@ class TokenShift(nn.Module):
     spend a head on fetching, the previous character, comes for the price of an elementwise product.
 
     m starts at zero, so a model starts without it; the gate g lets each position choose how much of its predecessor
-    it takes. A text's first position has none (zeros); predecessors() gives them, a cache while decoding.
+    it takes. A text's first position has none (zeros); while decoding, the cache gives the predecessor of a step's
+    first position (its shift point `point`: 0 the embeddings, 1 + l layer l's attention input).
     """
 
     def __init__(self, dim: int):
@@ -156,9 +158,10 @@ class TokenShift(nn.Module):
         self.mix = nn.Parameter(torch.zeros(dim))  # m: how much of each channel of x_{t-1}
         self.gate = nn.Parameter(torch.zeros(dim))  # g: sigmoid(0) = 1/2 at first, for every character
 
-    def forward(self, x: torch.Tensor, previous: torch.Tensor) -> torch.Tensor:
-        """x and each position's predecessor, both (B, T, C). Few operations: a decoding step runs this at every
-        shift point for each character, where each operation's dispatch costs more than its arithmetic."""
+    def forward(self, x: torch.Tensor, cache: AnyCache | None = None, point: int = 0) -> torch.Tensor:
+        """x (B, T, C) shifted. Few operations: a decoding step runs this at every shift point for each character,
+        where each operation's dispatch costs more than its arithmetic."""
+        previous = predecessors(x) if cache is None else cache.predecessors(x, point)  # (B, T, C)
         gate = torch.sigmoid(F.linear(x, self.gate[None]))  # (B, T, 1)
         return torch.addcmul(x, gate, self.mix * previous)
 

@@ -21,7 +21,7 @@ from charlm.config import ModelConfig
 from charlm.data import IGNORE, RandomWindows
 from charlm.device import autocast
 from charlm.encdec import EncoderBlock
-from charlm.layers import TokenShift, make_norm, predecessors
+from charlm.layers import TokenShift, make_norm
 from charlm.linear import Linear
 from charlm.model import absolute_positions, init_weights, recorded_attention
 from charlm.prepare import release_mapped_pages
@@ -64,7 +64,7 @@ class EncoderOnly(nn.Module):
         pos = torch.arange(T, device=idx.device)  # (T,)
         x = self.tok_emb(idx) * self.embed_scale if self.embed_scale != 1.0 else self.tok_emb(idx)  # (B, T, C)
         if self.token_shift is not None:
-            x = self.token_shift(x, predecessors(x))
+            x = self.token_shift(x)
         if self.pos_emb is not None:
             x = x + self.pos_emb(pos)
         x = self.drop(x)

@@ -27,7 +27,6 @@ from charlm.layers import (
     feed_forward,
     make_norm,
     part_bias,
-    predecessors,
 )
 from charlm.linear import Linear
 
@@ -115,7 +114,7 @@ class CausalSelfAttention(nn.Module):
     ) -> torch.Tensor:
         B, T, C = x.shape
         if self.token_shift is not None:  # the layer's input at the previous position, too (cache shift point 1 + l)
-            x = self.token_shift(x, predecessors(x) if cache is None else cache.predecessors(x, 1 + layer))
+            x = self.token_shift(x, cache, 1 + layer)
         q, k, v = self.qkv(x).view(B, T, 3, self.n_head, C // self.n_head).permute(2, 0, 3, 1, 4)  # 3 x (B, nh, T, hd)
         if self.qk_norm:
             q, k = F.rms_norm(q, (q.size(-1),)), F.rms_norm(k, (k.size(-1),))
@@ -259,7 +258,7 @@ class GPT(nn.Module):
         if self.embed_scale != 1.0:
             x = x * self.embed_scale
         if self.token_shift is not None:
-            x = self.token_shift(x, predecessors(x) if cache is None else cache.predecessors(x, 0))
+            x = self.token_shift(x, cache)
         if self.pos_emb is not None:
             x = x + self.pos_emb(pos)
         x = self.drop(x)

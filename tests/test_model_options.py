@@ -8,7 +8,7 @@ from conftest import with_token_shift_weights
 from charlm.arch import build_model
 from charlm.config import ModelConfig
 from charlm.info import model_info
-from charlm.layers import TokenShift, predecessors
+from charlm.layers import TokenShift
 from charlm.model import GPT
 
 BASE = dict(n_layer=2, n_head=2, n_embd=16, block_size=8)
@@ -69,7 +69,7 @@ def test_token_shift_adds_each_positions_gated_predecessor_and_starts_as_nothing
         shift.mix.normal_()
         shift.gate.normal_()
     e = torch.randn(2, 5, 16)
-    out = shift(e, predecessors(e))
+    out = shift(e)
     torch.testing.assert_close(out[:, 0], e[:, 0])  # a text's first position has no predecessor
     gate = torch.sigmoid(e[:, 1:] @ shift.gate)[..., None]
     torch.testing.assert_close(out[:, 1:], e[:, 1:] + gate * shift.mix * e[:, :-1])
