@@ -22,13 +22,13 @@ __all__ = ["CharlmError", "Interrupted", "Model", "UsageError", "WorkError", "__
 warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
 
 if TYPE_CHECKING:
-    from charlm.api import Model, load, train
+    from charlm.api.model import Model, load, train
 
 
 def __getattr__(name: str) -> Any:
     # The API needs torch; importing it lazily keeps `import charlm` (and so `charlm --help`) fast.
     if name in ("Model", "load", "train"):
-        from charlm import api
+        from charlm.api import model as api
 
         return getattr(api, name)
     raise AttributeError(f"module 'charlm' has no attribute {name!r}")

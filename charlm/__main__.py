@@ -1,3 +1,3 @@
-from charlm.cli import main
+from charlm.cli.app import main
 
 main()

@@ -7,7 +7,7 @@ Each cell is a forward and backward pass of the default recipe's model (configs/
 that width, on random windows; float32 and bf16 alternate for each cell, median of --steps after two warm-up steps.
 float32 runs on the kernels a training run picks here (train.cpu_linear: auto; oneDNN's on an AMD CPU, since
 2026-11-23), so the map compares bf16 with the float32 a user would otherwise get.
-charlm.device.cpu_bf16_pays holds the rules drawn from this map on an AMX-BF16 and an AVX-512 BF16 CPU; the last
+charlm.hardware.device.cpu_bf16_pays has the rules drawn from this map on an AMX-BF16 and an AVX-512 BF16 CPU; the last
 column says what it picks on this one.
 """
 
@@ -25,10 +25,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchlib import append_section
 
-from charlm.config import load_config
-from charlm.device import cpu_bf16_pays, cpu_bf16_units
-from charlm.linear import onednn_linears, use_onednn
-from charlm.model import GPT
+from charlm.config.schema import load_config
+from charlm.hardware.device import cpu_bf16_pays, cpu_bf16_units
+from charlm.models.decoder import GPT
+from charlm.models.linear import onednn_linears, use_onednn
 
 ONEDNN = use_onednn(torch.device("cpu"), "auto")  # float32's kernels, as `charlm train` picks them here
 WIDTHS = (96, 128, 192, 256, 384)

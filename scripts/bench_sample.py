@@ -41,14 +41,14 @@ sys.path.insert(0, str(ROOT / "scripts"))
 CHILD = r"""
 import hashlib, json, sys, torch
 sys.path.insert(0, sys.argv[1])
-from charlm.config import load_config
-from charlm.generate import SampleOptions, sample
-from charlm.model import GPT
-from charlm.tokenizer import CharTokenizer
+from charlm.config.schema import load_config
+from charlm.decoding.generate import SampleOptions, sample
+from charlm.models.decoder import GPT
+from charlm.data.tokenizer import CharTokenizer
 precision, batch, tokens, cached, checkpoint = sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], sys.argv[6]
 compiled = {"compile": True} if sys.argv[7] == "1" else {}  # only this code's SampleOptions has the field
 if checkpoint:
-    from charlm.api import load
+    from charlm.api.model import load
     loaded = load(checkpoint, "cpu")
     model, tokenizer = loaded.decoder, loaded.tokenizer
 else:
@@ -58,7 +58,7 @@ else:
     torch.manual_seed(0)
     model = GPT(config.model, tokenizer.vocab_size).eval()
 if precision == "int8":
-    from charlm.quantize import for_decoding
+    from charlm.models.quantize import for_decoding
     model = for_decoding(model, "int8")
 options = SampleOptions(max_new_tokens=tokens, temperature=1.0, seed=0, num_samples=batch, use_cache=cached == "1",
                         **compiled)
@@ -101,9 +101,9 @@ def agreement(checkpoint: str, steps: int) -> list[dict]:
     character first as the plain float32 decoder, and each one's loss."""
     import torch
 
-    from charlm.api import load
-    from charlm.data import Corpus
-    from charlm.generate import teacher_forced
+    from charlm.api.model import load
+    from charlm.data.corpus import Corpus
+    from charlm.decoding.generate import teacher_forced
 
     found: list[dict] = []
     text = torch.empty(0)

@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchlib import append_section, run_charlm, set_args
 
 import charlm
-from charlm.data import Corpus, full_pass_windows
+from charlm.data.corpus import Corpus, full_pass_windows
 
 
 @torch.no_grad()

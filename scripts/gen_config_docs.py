@@ -5,7 +5,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from charlm.config_docs import reference_markdown
+from charlm.config.reference import reference_markdown
 
 target = Path(__file__).resolve().parents[1] / "docs" / "config.md"
 target.write_text(reference_markdown(), encoding="utf-8")

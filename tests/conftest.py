@@ -72,7 +72,7 @@ def run_cli(
 ) -> subprocess.CompletedProcess:
     """`charlm ARGS` with no TTY (as in CI); stdin is `input`, else empty.
 
-    In-process by default: the console script's own entry point (charlm.cli.main) runs in this interpreter with
+    In-process by default: the console script's own entry point (charlm.cli.app.main) runs in this interpreter with
     stdout, stderr and stdin captured, the environment and working folder patched, and SIGINT/SIGTERM handlers put
     back afterwards; it prints, exits and fails exactly as the command does, without paying for a new Python and
     torch each time. `process=True` runs `python -m charlm` in a real subprocess, for tests whose subject is the
@@ -99,7 +99,7 @@ def _run_process(args, cwd, env, timeout, input) -> subprocess.CompletedProcess:
 
 
 def _run_in_process(args, cwd, env, timeout, input) -> subprocess.CompletedProcess:
-    from charlm.cli import main
+    from charlm.cli.app import main
 
     saved_env, saved_cwd = dict(os.environ), os.getcwd()
     handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -257,7 +257,7 @@ def assert_resume_is_exact(common: list, folder: Path, steps: int = 12) -> None:
     """`charlm train COMMON` straight to `steps`, and to steps/2 then --resume: the same losses and weights."""
     import torch
 
-    from charlm.checkpoint import load_checkpoint
+    from charlm.storage.checkpoint import load_checkpoint
 
     run_cli(*common, "--out-dir", folder / "straight", "--max-steps", steps, "--quiet", check=True)
     run_cli(*common, "--out-dir", folder / "split", "--max-steps", steps // 2, "--quiet", check=True)
@@ -273,7 +273,7 @@ def with_token_shift_weights(model, seed: int = 0):
     nothing, so a test of its decoding paths would prove nothing); returns the model."""
     import torch
 
-    from charlm.layers import TokenShift
+    from charlm.models.layers import TokenShift
 
     generator = torch.Generator().manual_seed(seed)
     shifts = [m for m in model.modules() if isinstance(m, TokenShift)]

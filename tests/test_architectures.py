@@ -7,12 +7,12 @@ import pytest
 import torch
 from conftest import SMALL, run_cli
 
-from charlm.checkpoint import load_checkpoint, save_checkpoint
-from charlm.config import Config, ModelConfig
-from charlm.generate import generate_ids
-from charlm.info import model_info
-from charlm.layers import Rotary, alibi_slopes, sinusoidal_table
-from charlm.model import GPT
+from charlm.config.schema import Config, ModelConfig
+from charlm.decoding.generate import generate_ids
+from charlm.models.decoder import GPT
+from charlm.models.info import model_info
+from charlm.models.layers import Rotary, alibi_slopes, sinusoidal_table
+from charlm.storage.checkpoint import load_checkpoint, save_checkpoint
 
 V = 40
 BASE = dict(n_layer=2, n_head=2, n_embd=32, block_size=16, dropout=0.0)
@@ -170,7 +170,7 @@ def test_checkpoint_written_before_the_architecture_keys_loads_with_the_old_beha
 
 
 def test_rope_needs_an_even_head_size():
-    from charlm.config import load_config
+    from charlm.config.schema import load_config
     from charlm.errors import UsageError
 
     with pytest.raises(UsageError, match="even head size"):

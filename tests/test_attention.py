@@ -6,10 +6,10 @@ import pytest
 import torch
 from conftest import assert_one_line_error, run_cli
 
-from charlm.config import ModelConfig
-from charlm.generate import generate_ids
-from charlm.layers import attention_mask
-from charlm.model import GPT
+from charlm.config.schema import ModelConfig
+from charlm.decoding.generate import generate_ids
+from charlm.models.decoder import GPT
+from charlm.models.layers import attention_mask
 
 V = 11
 ENCODINGS = ["learned", "sinusoidal", "rope", "alibi"]

@@ -10,7 +10,7 @@ import random
 import zipfile
 from pathlib import Path
 
-from charlm.download import CORPORA
+from charlm.data.download import CORPORA
 from tests.conftest import assert_one_line_error, run_cli
 
 SMALL_MODEL = [
@@ -51,7 +51,7 @@ def _enwik8_like(n: int) -> bytes:
 
 
 def test_the_download_command_offers_exactly_the_builtin_corpora():
-    from charlm.cli_support import Corpus
+    from charlm.cli.support import Corpus
 
     assert [c.value for c in Corpus] == list(CORPORA)
 
@@ -213,7 +213,7 @@ def test_training_on_a_missing_builtin_corpus_downloads_it_from_its_mirror(tmp_p
 
 
 def test_the_shipped_recipes_hold_the_papers_splits():
-    from charlm.config import load_config
+    from charlm.config.schema import load_config
 
     for name, tokenizer in (("enwik8", "byte"), ("text8", "char"), ("enwik8-gpu", "byte"), ("text8-gpu", "char")):
         data = load_config(name).data

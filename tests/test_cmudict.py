@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO, assert_one_line_error, run_cli
 
-from charlm.download import CORPORA
+from charlm.data.download import CORPORA
 
 # Real lines of cmudict.dict (tests/data/README.md): 1,521 lines, 1,379 words, 142 alternates, 22 comments.
 EXCERPT = REPO / "tests" / "data" / "cmudict-excerpt.dict"

@@ -152,7 +152,7 @@ def test_resume_compares_a_given_config_file_too(tmp_path, corpus):
 @pytest.mark.process
 def test_fast_commands_do_not_import_torch(args):
     code = (
-        "import sys\nfrom charlm.cli import main\ntry:\n    main(sys.argv[1:])\nexcept SystemExit as e:\n"
+        "import sys\nfrom charlm.cli.app import main\ntry:\n    main(sys.argv[1:])\nexcept SystemExit as e:\n"
         "    assert not e.code, e.code\nassert 'torch' not in sys.modules, 'torch was imported'\n"
     )
     result = subprocess.run(
@@ -168,7 +168,7 @@ def test_fast_commands_do_not_import_torch(args):
 @pytest.mark.process
 def test_download_does_not_import_torch(corpus, tmp_path):
     code = (
-        "import sys\nfrom charlm.cli import main\ntry:\n    main(sys.argv[1:])\nexcept SystemExit as e:\n"
+        "import sys\nfrom charlm.cli.app import main\ntry:\n    main(sys.argv[1:])\nexcept SystemExit as e:\n"
         "    assert not e.code, e.code\nassert 'torch' not in sys.modules, 'torch was imported'\n"
     )
     args = ["download", "--url", corpus.as_uri(), "--dest", str(tmp_path / "t.txt"), "--no-verify"]

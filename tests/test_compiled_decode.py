@@ -10,12 +10,12 @@ import torch
 from conftest import assert_one_line_error, run_cli, with_token_shift_weights
 
 import charlm
-from charlm.compiled_decode import compiled_decoder
-from charlm.config import ModelConfig
+from charlm.config.schema import ModelConfig
+from charlm.data.tokenizer import CharTokenizer
+from charlm.decoding.compiled import compiled_decoder
+from charlm.decoding.generate import SampleOptions, generate_ids, sample
 from charlm.errors import UsageError
-from charlm.generate import SampleOptions, generate_ids, sample
-from charlm.model import GPT
-from charlm.tokenizer import CharTokenizer
+from charlm.models.decoder import GPT
 
 
 def forced_steps(model: GPT, text: torch.Tensor, prompt: int, batch: int, compile: bool):

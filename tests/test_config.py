@@ -2,7 +2,7 @@ from pathlib import Path
 
 import pytest
 
-from charlm.config import CONFIG_DIRS, Config, load_config, shipped_config_names
+from charlm.config.schema import CONFIG_DIRS, Config, load_config, shipped_config_names
 from charlm.errors import UsageError
 
 SHIPPED = sorted((CONFIG_DIRS[0]).glob("*.yaml"))
@@ -61,7 +61,7 @@ def test_notebook_config_is_the_notebook_recipe():
 def test_notebook_model_has_the_notebooks_parameter_count_and_torch_initialisation():
     import torch
 
-    from charlm.model import GPT
+    from charlm.models.decoder import GPT
 
     c = load_config("notebook")
     torch.manual_seed(0)
@@ -177,7 +177,7 @@ def test_missing_config_file_lists_the_shipped_ones():
 def test_docs_config_md_is_current():
     from conftest import REPO
 
-    from charlm.config_docs import reference_markdown
+    from charlm.config.reference import reference_markdown
 
     assert (REPO / "docs" / "config.md").read_text() == reference_markdown(), "run python scripts/gen_config_docs.py"
 
@@ -185,8 +185,8 @@ def test_docs_config_md_is_current():
 def test_every_lr_schedule_has_its_words_in_the_docs():
     import typing
 
-    from charlm import config_docs
-    from charlm.config import TrainConfig
+    from charlm.config import reference as config_docs
+    from charlm.config.schema import TrainConfig
 
     values = typing.get_args(typing.get_type_hints(TrainConfig)["lr_schedule"])
     assert set(config_docs.SCHEDULE_WORDS) == set(values)  # a value without words would still document (.get)

@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from charlm.config import DataConfig
-from charlm.data import Corpus, split_sizes
+from charlm.config.schema import DataConfig
+from charlm.data.corpus import Corpus, split_sizes
+from charlm.data.prepare import SEPARATOR, prepare, prepared_paths
+from charlm.data.tokenizer import ByteTokenizer, CharTokenizer
 from charlm.errors import UsageError
-from charlm.prepare import SEPARATOR, prepare, prepared_paths
-from charlm.tokenizer import ByteTokenizer, CharTokenizer
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -152,7 +152,7 @@ def test_two_processes_preparing_the_same_corpus_at_once_both_get_it_whole(tmp_p
     big = tmp_path / "big.txt"
     big.write_bytes(corpus.read_bytes() * 20)  # 2.4 MB: long enough for the two to overlap
     code = (
-        "import sys; from charlm.prepare import prepare; p = prepare(sys.argv[1], 'char'); "
+        "import sys; from charlm.data.prepare import prepare; p = prepare(sys.argv[1], 'char'); "
         "print(len(p.ids), int(p.ids.long().sum()))"
     )
     env = {**os.environ, "PYTHONPATH": str(REPO)}

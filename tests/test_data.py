@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from charlm.data import Corpus, RandomWindows, full_pass_windows, read_text, split_text
+from charlm.data.corpus import Corpus, RandomWindows, full_pass_windows, read_text, split_text
 from charlm.errors import UsageError
 
 

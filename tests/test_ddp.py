@@ -14,13 +14,13 @@ import pytest
 import torch
 from conftest import REPO, run_cli
 
-from charlm.checkpoint import load_checkpoint
-from charlm.config import load_config
-from charlm.data import Corpus, RandomWindows
-from charlm.device import seed_everything
-from charlm.linear import onednn_linears, use_onednn
-from charlm.model import GPT
-from charlm.trainer import make_optimizer, seed_for_rank
+from charlm.config.schema import load_config
+from charlm.data.corpus import Corpus, RandomWindows
+from charlm.hardware.device import seed_everything
+from charlm.models.decoder import GPT
+from charlm.models.linear import onednn_linears, use_onednn
+from charlm.storage.checkpoint import load_checkpoint
+from charlm.training.loop import make_optimizer, seed_for_rank
 
 pytestmark = [pytest.mark.slow, pytest.mark.process]
 TINY = [
@@ -227,8 +227,8 @@ def test_one_failing_rank_brings_the_job_down_quickly(tmp_path, corpus, sig):
 
 
 def test_encoder_decoder_two_ranks_of_batch_b_equal_one_process_of_batch_2b(tmp_path):
-    from charlm.encdec import EncoderDecoder
-    from charlm.pairs import PairBatches, PairCorpus
+    from charlm.data.pairs import PairBatches, PairCorpus
+    from charlm.models.encoder_decoder import EncoderDecoder
 
     data = tmp_path / "pairs.tsv"
     data.write_text("".join(f"{w}\t{w[::-1]}\n" for w in ("abc", "bcad", "cabbd", "dd", "acdb") * 20))
@@ -264,7 +264,7 @@ def test_encoder_decoder_two_ranks_of_batch_b_equal_one_process_of_batch_2b(tmp_
 
 
 def test_encoder_two_ranks_of_batch_b_equal_one_process_of_batch_2b(tmp_path, corpus):
-    from charlm.masked import EncoderOnly, MaskedWindows
+    from charlm.models.encoder import EncoderOnly, MaskedWindows
 
     batch = 4
     sets = [f"train.batch_size={batch}", "train.warmup_steps=0", "train.lr=1e-2", "model.arch=encoder"]

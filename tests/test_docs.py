@@ -37,7 +37,7 @@ def test_marked_output_is_what_the_command_prints(doc, cmd, block):
 
     from typer.testing import CliRunner
 
-    from charlm.cli import app
+    from charlm.cli.app import app
 
     result = CliRunner().invoke(app, [*shlex.split(cmd), "--json"])
     assert result.exit_code == 0, result.output

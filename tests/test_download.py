@@ -54,10 +54,10 @@ def test_url_option_wins_over_the_env_mirror(server, tmp_path):
 @pytest.fixture
 def waits(monkeypatch) -> list[float]:
     """The backoff waits a download asks for, recorded instead of slept through."""
-    import charlm.download
+    import charlm.data.download
 
     asked: list[float] = []
-    monkeypatch.setattr(charlm.download, "wait_before_retry", asked.append)
+    monkeypatch.setattr(charlm.data.download, "wait_before_retry", asked.append)
     return asked
 
 
@@ -112,7 +112,7 @@ def _closed_port() -> int:
 def test_unreachable_host_gives_up_quickly_with_an_offline_hint(tmp_path, waits):
     import inspect
 
-    from charlm.download import download
+    from charlm.data.download import download
 
     url = f"http://127.0.0.1:{_closed_port()}/input.txt"
     dest = tmp_path / "t.txt"

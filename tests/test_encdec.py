@@ -19,12 +19,13 @@ from conftest import (
 )
 
 import charlm
-from charlm.config import load_config
-from charlm.encdec import BOS, EOS, PAD, EncoderDecoder
+from charlm.config.schema import load_config
+from charlm.data.pairs import pad_batch
+from charlm.data.tokenizer import BOS, EOS, PAD
+from charlm.decoding.transduce import DecodeOptions, beam_search, edit_distance, transduce
 from charlm.errors import UsageError
-from charlm.info import model_info
-from charlm.pairs import pad_batch
-from charlm.transduce import DecodeOptions, beam_search, edit_distance, transduce
+from charlm.models.encoder_decoder import EncoderDecoder
+from charlm.models.info import model_info
 
 PAIRS = ["--set", "model.arch=encoder-decoder", "--set", "data.format=pairs"]
 SHAPE = [
@@ -350,7 +351,7 @@ def test_attention_command_shows_the_cross_attention_alignment(trained, tmp_path
 
 
 def test_muon_takes_both_stacks_matrices():
-    from charlm.optim import hidden_matrices
+    from charlm.training.optim import hidden_matrices
 
     model = small()
     # encoder blocks: Q, K/V, W_O, two feed-forward; decoder blocks: QKV, W_O, cross Q, K/V, W_O, two feed-forward

@@ -18,11 +18,11 @@ from conftest import (
 )
 
 import charlm
-from charlm.config import load_config
-from charlm.data import IGNORE
+from charlm.config.schema import load_config
+from charlm.data.corpus import IGNORE
 from charlm.errors import UsageError
-from charlm.info import model_info
-from charlm.masked import EncoderOnly, hide
+from charlm.models.encoder import EncoderOnly, hide
+from charlm.models.info import model_info
 
 ENCODER = [*SMALL, "--set", "model.arch=encoder", "--set", "train.batch_size=64"]
 
@@ -139,7 +139,7 @@ def test_info_counts_every_parameter(sets):
 
 
 def test_muon_takes_the_encoders_matrices(tmp_path, corpus):
-    from charlm.optim import hidden_matrices
+    from charlm.training.optim import hidden_matrices
 
     model = EncoderOnly(load_config("tiny", ["model.arch=encoder"]).model, 61)
     matrices = hidden_matrices(model)

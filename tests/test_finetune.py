@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import charlm
-from charlm.checkpoint import load_checkpoint
 from charlm.errors import UsageError
+from charlm.storage.checkpoint import load_checkpoint
 from tests.conftest import SMALL, assert_one_line_error, run_cli
 
 TINY = {
@@ -61,7 +61,7 @@ def test_a_fine_tuned_run_starts_from_the_source_weights_with_a_fresh_optimizer(
 
 
 def test_the_model_starts_exactly_where_the_source_ended(tmp_path, halves, source_run):
-    from charlm.finetune import init_model
+    from charlm.training.finetune import init_model
 
     source = load_checkpoint(source_run / "best.pt")
     model = init_model(source, source.config, source.tokenizer.vocab_size, torch.device("cpu"))

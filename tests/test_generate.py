@@ -4,10 +4,10 @@ import pytest
 import torch
 from conftest import with_token_shift_weights
 
-from charlm.config import ModelConfig
-from charlm.generate import SampleOptions, generate_ids, sample, window_start
-from charlm.model import GPT
-from charlm.tokenizer import CharTokenizer
+from charlm.config.schema import ModelConfig
+from charlm.data.tokenizer import CharTokenizer
+from charlm.decoding.generate import SampleOptions, generate_ids, sample, window_start
+from charlm.models.decoder import GPT
 
 BLOCK = 16
 

@@ -8,9 +8,9 @@ import pytest
 from conftest import REPO, callers_signal_handlers, handlers_are
 
 import charlm
-from charlm.config import TrainConfig, load_config
-from charlm.run import run_training
-from charlm.schedule import LRSchedule
+from charlm.config.schema import TrainConfig, load_config
+from charlm.training.run import run_training
+from charlm.training.schedule import LRSchedule
 
 TINY = [
     "model.n_layer=1",
@@ -49,7 +49,7 @@ def test_only_the_command_lines_signal_module_may_exit_the_process():
 
 
 def test_a_keyboard_interrupt_in_python_saves_last_pt_and_propagates(tmp_path, corpus, monkeypatch):
-    from charlm.trainer import Trainer
+    from charlm.training.loop import Trainer
 
     real_step, calls = Trainer._optimizer_step, []
 
@@ -63,7 +63,7 @@ def test_a_keyboard_interrupt_in_python_saves_last_pt_and_propagates(tmp_path, c
     config = load_config("tiny", TINY + [f"data.path={corpus}", "train.max_steps=1000"])
     with pytest.raises(KeyboardInterrupt):
         run_training(config, tmp_path / "run", quiet=True)
-    from charlm.checkpoint import load_checkpoint
+    from charlm.storage.checkpoint import load_checkpoint
 
     assert load_checkpoint(tmp_path / "run" / "last.pt").step == 4
 

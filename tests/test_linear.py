@@ -9,7 +9,7 @@ import pytest
 import torch
 from conftest import SMALL, assert_one_line_error, run_cli
 
-from charlm.linear import Linear, OneDNNLinearFunction, linear_words, onednn_linears, onednn_problem, use_onednn
+from charlm.models.linear import Linear, OneDNNLinearFunction, linear_words, onednn_linears, onednn_problem, use_onednn
 
 CPU = torch.device("cpu")
 needs_onednn = pytest.mark.skipif(onednn_problem() is not None, reason=f"{onednn_problem()}")
@@ -124,7 +124,7 @@ def test_a_second_derivative_is_refused_rather_than_wrong():
 
 
 def test_auto_keeps_torchs_kernels_where_the_vendor_is_intel_or_unknown():
-    from charlm.linear import cpu_vendor
+    from charlm.models.linear import cpu_vendor
 
     expected = onednn_problem() is None and cpu_vendor() not in ("", "GenuineIntel")
     assert use_onednn(CPU, "auto") is expected

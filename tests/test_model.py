@@ -3,8 +3,8 @@ import math
 import pytest
 import torch
 
-from charlm.config import ModelConfig
-from charlm.model import GPT
+from charlm.config.schema import ModelConfig
+from charlm.models.decoder import GPT
 
 V = 65
 
@@ -81,7 +81,7 @@ def test_no_bias_means_no_bias_parameters():
 
 
 def test_rope_angles_are_recomputed_for_positions_changed_in_place():
-    from charlm.layers import Rotary
+    from charlm.models.layers import Rotary
 
     rotary, x = Rotary(8), torch.randn(1, 2, 4, 8)
     pos = torch.arange(4)

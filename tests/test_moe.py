@@ -5,10 +5,10 @@ import json
 import torch
 from conftest import SMALL, assert_one_line_error, run_cli
 
-from charlm.config import ModelConfig
-from charlm.info import model_info
-from charlm.layers import MixtureOfExperts
-from charlm.model import GPT
+from charlm.config.schema import ModelConfig
+from charlm.models.decoder import GPT
+from charlm.models.info import model_info
+from charlm.models.layers import MixtureOfExperts
 
 MOE = ModelConfig(n_layer=2, n_head=2, n_embd=16, block_size=8, n_experts=4, expert_top_k=2)
 

@@ -6,10 +6,10 @@ import pytest
 import torch
 from conftest import SMALL, run_cli
 
-from charlm.checkpoint import load_checkpoint
-from charlm.config import load_config
-from charlm.model import GPT
-from charlm.optim import make_optimizer
+from charlm.config.schema import load_config
+from charlm.models.decoder import GPT
+from charlm.storage.checkpoint import load_checkpoint
+from charlm.training.optim import make_optimizer
 
 MUON = ["--set", "train.optimizer=muon"]
 
@@ -17,8 +17,8 @@ MUON = ["--set", "train.optimizer=muon"]
 def test_muon_chooses_its_parameters_by_role_not_by_name():
     from torch import nn
 
-    from charlm.layers import MixtureOfExperts
-    from charlm.optim import hidden_matrices
+    from charlm.models.layers import MixtureOfExperts
+    from charlm.training.optim import hidden_matrices
 
     config = load_config("tiny", ["train.optimizer=muon", "model.n_experts=2", "model.expert_top_k=1"])
     model = GPT(config.model, 10)
@@ -100,7 +100,7 @@ def test_switching_optimizer_on_resume_is_refused(tmp_path, corpus):
 def test_batched_muon_steps_as_torch_muon_does_and_shares_its_state(rule):
     """Batching the Newton-Schulz iterations over same-shaped matrices changes only bfloat16 rounding; the state
     dict is torch.optim.Muon's, so checkpoints move between the two."""
-    from charlm.optim import BatchedMuon
+    from charlm.training.optim import BatchedMuon
 
     torch.manual_seed(0)
     shapes = [(24, 8), (24, 8), (8, 8), (8, 24), (24, 8)]

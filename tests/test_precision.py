@@ -9,7 +9,7 @@ import pytest
 import torch
 from conftest import assert_one_line_error, run_cli
 
-from charlm.device import autocast_dtype, cpu_bf16_pays, cpu_bf16_units
+from charlm.hardware.device import autocast_dtype, cpu_bf16_pays, cpu_bf16_units
 
 CPU = torch.device("cpu")
 

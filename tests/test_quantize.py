@@ -1,4 +1,4 @@
-"""int8 weights for decoding (charlm.quantize, `--precision int8`): close to float32, opt-in, refused off the CPU."""
+"""int8 weights for decoding (models/quantize.py, `--precision int8`): close to float32, opt-in, refused off the CPU."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from conftest import assert_one_line_error, run_cli
 from torch import nn
 
 import charlm
+from charlm.decoding.generate import teacher_forced
 from charlm.errors import UsageError
-from charlm.generate import teacher_forced
-from charlm.quantize import Int8Linear, for_decoding, quantize_linears
+from charlm.models.quantize import Int8Linear, for_decoding, quantize_linears
 
 
 @pytest.mark.parametrize(("width_in", "width_out", "rows"), [(16, 5, 1), (96, 256, 7), (384, 65, 3)])
@@ -84,14 +84,14 @@ def test_a_wrong_precision_names_the_choices(tiny_checkpoint):
 
 def test_int8_on_a_gpu_device_is_refused_in_one_line(tiny_checkpoint):
     result = run_cli("sample", tiny_checkpoint, "--device", "cuda", "--precision", "int8")
-    # With a GPU, charlm.quantize refuses int8 there; without one (CI), the device itself is refused first.
+    # With a GPU, charlm.models.quantize refuses int8 there; without one (CI), the device itself is refused first.
     assert_one_line_error(result, 2, "--device cpu" if torch.cuda.is_available() else "no CUDA GPU")
 
 
 def test_a_mixtures_routers_stay_float32_and_a_model_with_nothing_to_quantize_is_refused():
-    from charlm.config import load_config
-    from charlm.layers import MixtureOfExperts
-    from charlm.model import GPT
+    from charlm.config.schema import load_config
+    from charlm.models.decoder import GPT
+    from charlm.models.layers import MixtureOfExperts
 
     moe = GPT(load_config("tiny", ["model.n_experts=2", "model.expert_top_k=1", "model.n_embd=32"]).model, 10)
     for_decoding(moe.eval(), "int8")

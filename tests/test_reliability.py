@@ -12,13 +12,13 @@ import pytest
 import torch
 from conftest import SMALL, assert_one_line_error, run_cli
 
-from charlm import checkpoint as ckpt_module
-from charlm.checkpoint import load_checkpoint, save_checkpoint
-from charlm.config import load_config
-from charlm.device import require_torch
+from charlm.config.schema import load_config
 from charlm.errors import UsageError, WorkError
 from charlm.files import atomic_write
-from charlm.run import run_training
+from charlm.hardware.device import require_torch
+from charlm.storage import checkpoint as ckpt_module
+from charlm.storage.checkpoint import load_checkpoint, save_checkpoint
+from charlm.training.run import run_training
 
 
 def _metrics(run_dir: Path) -> list[dict]:
@@ -39,7 +39,7 @@ class Unpicklable:
 
 def _good_checkpoint(path: Path) -> bytes:
     config = load_config("tiny", ["model.n_layer=1", "model.n_embd=16", "model.n_head=2"])
-    from charlm.model import GPT
+    from charlm.models.decoder import GPT
 
     model = GPT(config.model, 5)
     save_checkpoint(path, {"config": config.to_dict(), "vocab": list("abcde"), "model": model.state_dict(), "step": 1})
@@ -138,7 +138,7 @@ def test_resume_is_exact_per_step_losses_and_final_weights(tmp_path, corpus):
 
 
 def test_a_nan_loss_stops_before_the_step_and_keeps_the_last_checkpoints(tmp_path, corpus, monkeypatch):
-    from charlm.model import GPT
+    from charlm.models.decoder import GPT
 
     sets = ["model.n_layer=1", "model.n_embd=32", "model.block_size=16", "train.eval_interval=5", f"data.path={corpus}"]
     run = tmp_path / "run"

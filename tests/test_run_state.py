@@ -9,11 +9,11 @@ import signal
 import pytest
 import torch
 
-from charlm.checkpoint import load_checkpoint, save_checkpoint
-from charlm.config import load_config
+from charlm.config.schema import load_config
 from charlm.errors import Interrupted
-from charlm.run import run_training
-from charlm.run_state import INVOCATION_FIELDS, RunState
+from charlm.storage.checkpoint import load_checkpoint, save_checkpoint
+from charlm.storage.run_state import INVOCATION_FIELDS, RunState
+from charlm.training.run import run_training
 
 SETS = ["model.n_layer=1", "model.n_embd=32", "model.block_size=16", "train.eval_interval=4", "train.eval_windows=8"]
 

@@ -2,7 +2,7 @@
 
 import torch
 
-from charlm.sampling import draw, filter_top_k, filter_top_p, sample_next, sample_rows
+from charlm.decoding.sampling import draw, filter_top_k, filter_top_p, sample_next, sample_rows
 
 LOGITS = torch.tensor([[1.0, 3.0, 2.0, 0.5], [0.0, -1.0, 4.0, 4.5]])
 

@@ -307,7 +307,7 @@ def test_http_client_keeps_alive_across_requests(server):
 def test_the_mailbox_delivers_everything_in_order_with_few_wake_ups():
     import asyncio
 
-    from charlm.server import Mailbox
+    from charlm.serving.server import Mailbox
 
     async def main():
         loop = asyncio.get_running_loop()

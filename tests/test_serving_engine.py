@@ -9,11 +9,11 @@ import pytest
 import torch
 from conftest import with_token_shift_weights
 
-from charlm.config import ModelConfig
-from charlm.generate import generate_ids
-from charlm.model import GPT
-from charlm.serving import Completion, Engine, QueueFull
-from charlm.tokenizer import CharTokenizer
+from charlm.config.schema import ModelConfig
+from charlm.data.tokenizer import CharTokenizer
+from charlm.decoding.generate import generate_ids
+from charlm.models.decoder import GPT
+from charlm.serving.engine import Completion, Engine, QueueFull
 
 BLOCK = 16
 VOCAB = [chr(ord("a") + i) for i in range(26)] + list(" .,;:!?\n'-ABCDEF")[:14]

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO, SMALL, run_cli
 
-from charlm.checkpoint import load_checkpoint
+from charlm.storage.checkpoint import load_checkpoint
 
 pytestmark = pytest.mark.process
 

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 import charlm
-from charlm.data import IGNORE, strided_windows
+from charlm.data.corpus import IGNORE, strided_windows
 from charlm.errors import UsageError
-from charlm.evaluate import full_pass
+from charlm.evaluation.loss import full_pass
 from tests.conftest import assert_one_line_error, run_cli
 
 

@@ -1,7 +1,7 @@
 import pytest
 
+from charlm.data.tokenizer import CharTokenizer
 from charlm.errors import UsageError
-from charlm.tokenizer import CharTokenizer
 
 
 def test_ids_follow_sorted_characters():

@@ -8,10 +8,10 @@ import pytest
 import torch
 from conftest import FULL_CORPUS_BYTES, SMALL, assert_one_line_error, run_cli
 
-from charlm.checkpoint import load_checkpoint, save_checkpoint
-from charlm.config import Config, ModelConfig
-from charlm.model import GPT
-from charlm.tokenizer import CharTokenizer
+from charlm.config.schema import Config, ModelConfig
+from charlm.data.tokenizer import CharTokenizer
+from charlm.models.decoder import GPT
+from charlm.storage.checkpoint import load_checkpoint, save_checkpoint
 
 
 def _metrics(run_dir):

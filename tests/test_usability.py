@@ -124,7 +124,7 @@ def test_config_show_prints_the_resolved_yaml(tmp_path):
 
 
 def test_config_keys_lists_every_key_with_type_default_and_meaning():
-    from charlm.config_docs import key_reference
+    from charlm.config.reference import key_reference
 
     out = run_cli("config", "--keys", check=True).stdout
     for k in key_reference():

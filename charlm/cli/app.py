@@ -1,0 +1,313 @@
+"""The `charlm` command line: parsing, messages and exit codes only; the work lives in the other modules."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from charlm.cli import inspect_commands as cli_inspect
+from charlm.cli import sample_commands as cli_sample
+from charlm.cli import serve_command as cli_serve
+from charlm.cli.support import (
+    CHECKPOINT_HELP,
+    DEVICE_HELP,
+    ConfigOption,
+    Corpus,
+    DeviceOption,
+    Precision,
+    PrecisionOption,
+    SetOption,
+    Split,
+    State,
+    Unknown,
+    check_replacement,
+    checkpoint_path,
+    complete_device,
+    needs_torch,
+    print_json,
+    remover_if_created,
+    run_app,
+)
+from charlm.errors import Interrupted, SaveFailed, UsageError
+from charlm.version import __version__
+
+EXIT_CODES_HELP = "Exit codes: 0 ok, 1 runtime failure, 2 usage or config error, 130/143 interrupted (SIGINT/SIGTERM)."
+
+app = typer.Typer(
+    name="charlm",
+    help=f"Train, measure and sample character-level Transformer language models.\n\n{EXIT_CODES_HELP}",
+    add_completion=True,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    rich_markup_mode="rich",
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"charlm {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def root(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")
+    ] = False,
+    debug: Annotated[bool, typer.Option("--debug", help="Show the Python traceback when something fails.")] = False,
+) -> None:
+    State.debug = debug
+
+
+# ---------------------------------------------------------------------------- download
+
+
+@app.command()
+def download(
+    name: Annotated[
+        Corpus,
+        typer.Argument(
+            help="Which corpus: tinyshakespeare (1.1 MB), enwik8 (10^8 bytes of Wikipedia XML), text8 (10^8 cleaned "
+            "characters) or cmudict (the CMU Pronouncing Dictionary as word<TAB>phonemes lines for data.format pairs: "
+            "comments stripped, first pronunciation of each word kept, alternates dropped, stress digits stripped: "
+            "the 39-phoneme task); each download's SHA-256 is pinned.",
+            show_default=True,
+        ),
+    ] = Corpus.tinyshakespeare,
+    url: Annotated[
+        Optional[str],
+        typer.Option(
+            help="http://, https:// or file:// URL of a mirror (it must hold the same bytes) or of another text. "
+            "Default: $CHARLM_DATA_URL (tinyshakespeare), $CHARLM_ENWIK8_URL, $CHARLM_TEXT8_URL, $CHARLM_CMUDICT_URL, "
+            "else the canonical URL."
+        ),
+    ] = None,
+    dest: Annotated[
+        Optional[Path],
+        typer.Option(
+            help="Where to write the text. Default: data/tinyshakespeare.txt, data/enwik8, data/text8 or "
+            "data/cmudict.tsv (the .zip or .dict fetched is kept beside it).",
+            show_default=False,
+        ),
+    ] = None,
+    sha256: Annotated[
+        Optional[str], typer.Option(help="Expected SHA-256 (hex) of another file. Default: the corpus's pinned one.")
+    ] = None,
+    no_verify: Annotated[bool, typer.Option("--no-verify", help="Skip the SHA-256 check (for other corpora).")] = False,
+    force: Annotated[bool, typer.Option("--force", help="Download again even if the file is already there.")] = False,
+    retries: Annotated[
+        int, typer.Option(min=0, max=10, help="Extra attempts after a transient failure (backoff 1, 2, 4, 8 s).")
+    ] = 4,
+    timeout: Annotated[float, typer.Option(min=0.1, help="Seconds to wait for the server on each attempt.")] = 10.0,
+) -> None:
+    """Fetch tiny-shakespeare (or enwik8, text8, cmudict), check its pinned SHA-256, unzip or convert; keeps it."""
+    from charlm.data import download as dl
+    from charlm.progress import DownloadBar, stderr_console
+
+    corpus = dl.builtin_corpus(name.value)
+    target = dest or corpus.dest
+    with DownloadBar(target.name) as bar:
+        result = dl.download_corpus(
+            corpus,
+            url,
+            dest,
+            sha256,
+            verify=not no_verify,
+            force=force,
+            retries=retries,
+            timeout=timeout,
+            progress=bar.update,
+        )
+    verified = not no_verify
+    kept = "already there, verified" if verified else "already there (not verified)"
+    what = "downloaded" if result.downloaded else kept
+    stderr_console().print(
+        f"{result.path}: {what} ({result.bytes:,} bytes, sha256 {result.sha256[:16]}...)", markup=False
+    )
+
+
+# ---------------------------------------------------------------------------- train
+
+
+@app.command()
+def train(
+    config: ConfigOption = None,
+    set_: SetOption = None,
+    data: Annotated[
+        Optional[str], typer.Option(help="Text file, or folder of text files, to train on (data.path).")
+    ] = None,
+    out_dir: Annotated[Optional[Path], typer.Option(help="Run folder. Default: runs/<config name>.")] = None,
+    device: Annotated[
+        Optional[str], typer.Option(help=f"{DEVICE_HELP} (train.device)", autocompletion=complete_device)
+    ] = None,
+    max_steps: Annotated[Optional[int], typer.Option(help="Optimizer steps at most (train.max_steps).")] = None,
+    max_seconds: Annotated[
+        Optional[float], typer.Option(help="Training time budget in seconds (train.max_seconds).")
+    ] = None,
+    seed: Annotated[Optional[int], typer.Option(help="Random seed (train.seed).")] = None,
+    resume: Annotated[
+        bool,
+        typer.Option(
+            "--resume",
+            help="Continue the run in --out-dir from its last.pt (settings equal to the run's are fine; only "
+            "limits and schedule knobs may change).",
+        ),
+    ] = False,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace the run already in --out-dir.")] = False,
+    init_from: Annotated[
+        Optional[str],
+        typer.Option(
+            "--init-from",
+            help="Fine-tune: start a new run from this checkpoint's, run folder's or export's weights "
+            "(its shape and vocabulary; fresh optimizer and schedule).",
+            show_default=False,
+        ),
+    ] = None,
+    extend_vocab: Annotated[
+        bool,
+        typer.Option(
+            "--extend-vocab",
+            help="With --init-from: give characters the model has never seen new embedding and head "
+            "rows instead of refusing the text.",
+        ),
+    ] = False,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the summary as one JSON object on stdout.")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar or evaluation lines.")] = False,
+) -> None:
+    """Train a model; with no options, trains configs/cpu.yaml on tiny-shakespeare (downloaded when missing)."""
+    needs_torch()
+    from charlm.cli.report import print_train_summary
+    from charlm.cli.signals import StopSignals
+    from charlm.progress import TrainReporter
+    from charlm.training.run import resolve_run
+
+    if resume and overwrite:
+        raise UsageError("--resume and --overwrite contradict each other; choose one")
+    if extend_vocab and init_from is None:
+        raise UsageError("--extend-vocab extends the vocabulary of an --init-from model; add --init-from CKPT")
+    options = {
+        "data.path": ("--data", data),
+        "train.device": ("--device", device),
+        "train.max_steps": ("--max-steps", max_steps),
+        "train.max_seconds": ("--max-seconds", max_seconds),
+        "train.seed": ("--seed", seed),
+    }
+    request = resolve_run(
+        config, set_ or [], options, out_dir, resume=resume, overwrite=overwrite, init_from=init_from,
+        extend_vocab=extend_vocab,
+    )  # fmt: skip
+    with StopSignals(before_exit=remover_if_created(request.out_dir)) as stop:
+        try:
+            summary = request.run(reporter=TrainReporter(quiet), stop=stop)
+        except Interrupted as e:  # the loop says what it saved; how to go on is the command line's to say
+            if e.saved is None:
+                raise
+            hint = f"continue with `charlm train --resume --out-dir {request.out_dir}`"
+            raise Interrupted(f"{e}; {hint}", e.signum, saved=e.saved) from None
+        except SaveFailed as e:
+            todo = f"free some disk space, then `charlm train --resume --out-dir {request.out_dir}`"
+            raise SaveFailed(e.what, todo) from None
+    if summary is None:  # a rank other than 0 under torchrun: rank 0 reports
+        return
+    if json_out:
+        print_json(summary.to_dict())
+    else:
+        print_train_summary(summary)
+
+
+# ---------------------------------------------------------------------------- eval
+
+
+@app.command("eval")
+def eval_(
+    checkpoint: Annotated[Optional[str], typer.Argument(help=CHECKPOINT_HELP, show_default=False)] = None,
+    data: Annotated[
+        Optional[str], typer.Option(help="Text file or folder to score. Default: the corpus the model was trained on.")
+    ] = None,
+    split: Annotated[
+        Optional[Split],
+        typer.Option(
+            help="val: the validation split, as in training; test: the test split (data.test_size or "
+            "data.test_fraction); train; all: the whole file. Default: val of the run's own corpus, all of any "
+            "other --data file.",
+            show_default=False,
+        ),
+    ] = None,
+    stride: Annotated[
+        Optional[int],
+        typer.Option(
+            min=1,
+            help="Windows this many tokens apart, each scoring only what the one before did not, so every scored "
+            "token after the first window sees at least block_size - stride earlier ones (1: the papers' "
+            "fixed context). Default: block_size (non-overlapping windows).",
+            show_default=False,
+        ),
+    ] = None,
+    unknown: Annotated[Unknown, typer.Option(help="Characters outside the model's vocabulary.")] = Unknown.error,
+    replace_with: Annotated[
+        Optional[str], typer.Option(help="Character used by --unknown replace. Default: space.")
+    ] = None,
+    device: DeviceOption = "auto",
+    precision: PrecisionOption = Precision.float32,
+    batch_size: Annotated[int, typer.Option(min=1, help="Windows per forward pass.")] = 64,
+    beam: Annotated[int, typer.Option(min=1, max=64, help="Encoder-decoder: decode with a beam of N.")] = 1,
+    json_out: Annotated[
+        bool,
+        typer.Option("--json", help="Print one JSON object: loss, bpc, perplexity, chars, split, file, stride, unit."),
+    ] = False,
+) -> None:
+    """Score a checkpoint in one deterministic pass: nats and bits per character (per byte), perplexity.
+
+    An encoder-decoder is scored on its pairs: target loss, exact match (word accuracy), character error rate and,
+    for space-separated targets, token error rate (phoneme error rate for G2P), decoding greedily or with --beam.
+    """
+    needs_torch()
+    from charlm.api.model import load
+    from charlm.cli.report import print_eval_result, print_masked_result, print_transduction_result
+
+    check_replacement(replace_with)
+    model = load(checkpoint_path(checkpoint), device, precision.value)  # a bad checkpoint before a bad text
+    if model.config.model.arch == "encoder":
+        if stride is not None or beam != 1:
+            raise UsageError("--stride and --beam are not for an encoder: it is scored on hidden characters")
+        hidden = model.evaluate_masked(data, split.value if split else None)
+        return print_json(hidden.to_dict()) if json_out else print_masked_result(hidden)
+    if model.config.model.arch == "encoder-decoder":
+        if stride is not None:
+            raise UsageError("--stride slides windows over a text; an encoder-decoder is scored line by line")
+        scored = model.evaluate_pairs(data, split.value if split else None, beam, batch_size)
+        return print_json(scored.to_dict()) if json_out else print_transduction_result(scored)
+    if beam != 1:
+        raise UsageError("--beam is for encoder-decoder models")
+    result = model.evaluate(
+        Path(data) if data else None, split.value if split else None, unknown.value, replace_with, batch_size, stride
+    )
+    if json_out:
+        print_json(result.to_dict())
+    else:
+        print_eval_result(result)
+
+
+# ---------------------------------------------------------------------------- info, attention, export, plot, config
+
+app.command("sample")(cli_sample.sample_)
+app.command()(cli_sample.fill)
+# Commands that look at a model or at settings live in cli_inspect.py; registered here, after the main four, so that
+# `charlm --help` lists them in this order.
+app.command()(cli_inspect.info)
+app.command()(cli_inspect.attention)
+app.command("export")(cli_inspect.export_)
+app.command()(cli_inspect.plot)
+app.command("config")(cli_inspect.config_)
+app.command()(cli_serve.serve)
+
+
+# ---------------------------------------------------------------------------- entry point
+
+
+def main(argv: list[str] | None = None) -> None:
+    """The console script `charlm` (and `python -m charlm`)."""
+    run_app(app, argv)

@@ -1,0 +1,231 @@
+"""The `charlm` commands that look at a model or at settings: info, attention, export, plot, config (registered on
+the app in charlm/cli/app.py; like it, parsing and messages only)."""
+
+from __future__ import annotations
+
+import sys
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from charlm.cli.support import (
+    CHECKPOINT_HELP,
+    ConfigOption,
+    SetOption,
+    checkpoint_path,
+    needs_torch,
+    pick_indices,
+    print_json,
+)
+from charlm.errors import UsageError
+
+
+class Part(str, Enum):
+    """Which attention of an encoder-decoder `charlm attention` shows."""
+
+    cross = "cross"
+    encoder = "encoder"
+    decoder = "decoder"
+
+
+def info(
+    checkpoint: Annotated[
+        Optional[str],
+        typer.Argument(
+            help="Checkpoint file or run folder. Default: --config if given, else the newest runs/*/best.pt, else the "
+            "cpu config.",
+            show_default=False,
+        ),
+    ] = None,
+    config: ConfigOption = None,
+    set_: SetOption = None,
+    vocab_size: Annotated[
+        Optional[int],
+        typer.Option(
+            min=1,
+            help="Vocabulary size with --config. Default: 65 (tiny-shakespeare's), 256 for a byte tokenizer.",
+            show_default=False,
+        ),
+    ] = None,
+    json_out: Annotated[
+        bool, typer.Option("--json", help="Print one JSON object (total_params, flops_per_token, components).")
+    ] = False,
+) -> None:
+    """Parameters per component and training FLOPs per token, each beside its formula."""
+    needs_torch()
+    from charlm.cli.report import print_model_info
+    from charlm.config import schema as cfg
+    from charlm.models.info import model_info
+    from charlm.storage.checkpoint import RUNS_DIR
+    from charlm.storage.loading import load_model_file
+
+    if checkpoint is not None and (config is not None or set_):
+        raise UsageError("give a checkpoint or --config/--set, not both")
+    if checkpoint is None and config is None and not set_ and any(RUNS_DIR.glob("**/best.pt")):
+        checkpoint = str(checkpoint_path(None))
+    if checkpoint is not None:
+        ckpt = load_model_file(checkpoint)
+        ckpt.build_model()  # the same checks as eval and sample: shapes, vocabulary, finite weights
+        model_config, vocab, title = ckpt.config.model, ckpt.tokenizer.vocab_size, str(ckpt.path)
+    else:
+        loaded = cfg.load_config(config or cfg.DEFAULT_CONFIG, set_ or [])
+        model_config = loaded.model
+        vocab = vocab_size or (256 if loaded.data.tokenizer == "byte" else 65)
+        title = f"{config or cfg.DEFAULT_CONFIG} (vocabulary {vocab})"
+    result = model_info(model_config, vocab)
+    if json_out:
+        print_json(result.to_dict())
+    else:
+        print_model_info(result, title)
+
+
+# ---------------------------------------------------------------------------- attention
+
+
+def attention(
+    checkpoint: Annotated[Optional[str], typer.Argument(help=CHECKPOINT_HELP, show_default=False)] = None,
+    prompt: Annotated[str, typer.Option(help="Text to look at (at most the model's context length).")] = "ROMEO: ",
+    output: Annotated[Path, typer.Option("--output", "-o", help="PNG file to write.")] = Path("attention.png"),
+    layer: Annotated[
+        Optional[list[int]], typer.Option(help="Layer to show (repeatable; 0-based). Default: all.")
+    ] = None,
+    head: Annotated[Optional[list[int]], typer.Option(help="Head to show (repeatable; 0-based). Default: all.")] = None,
+    part: Annotated[
+        Optional[Part],
+        typer.Option(
+            help="Encoder-decoder: cross (target characters down, source across: the alignment), encoder or "
+            "decoder self-attention. Default: cross.",
+            show_default=False,
+        ),
+    ] = None,
+    json_out: Annotated[
+        bool,
+        typer.Option(
+            "--json",
+            help='Print {"chars": [...], "layers": [...], "heads": [...], "weights": layers x heads x T x T} '
+            '(an encoder-decoder adds "part", "source", "target" and "key_chars") instead of drawing.',
+        ),
+    ] = False,
+) -> None:
+    """Attention maps: one heatmap per layer and head, the prompt's characters along both axes.
+
+    For an encoder-decoder the prompt is a source: its greedy target is decoded, then --part picks the map.
+    """
+    needs_torch()
+    from charlm.api.model import load
+
+    model = load(checkpoint_path(checkpoint), "cpu")
+    if model.config.model.arch == "encoder-decoder":
+        return _transduction_attention(model, prompt, output, layer, head, (part or Part.cross).value, json_out)
+    if part is not None:
+        raise UsageError("--part is for encoder-decoder models (a decoder has one self-attention)")
+    weights = model.attention(prompt)  # (L, nh, T, T)
+    layers = pick_indices("--layer", layer, weights.size(0))
+    heads = pick_indices("--head", head, weights.size(1))
+    chars = [model.tokenizer.decode([i]) for i in model.encode_prompt(prompt)]
+    if json_out:
+        picked = weights[layers][:, heads]
+        print_json({"chars": chars, "layers": layers, "heads": heads, "weights": picked.tolist()})
+        return
+    from charlm.cli.plot import plot_attention
+    from charlm.progress import stderr_console
+
+    plot_attention(weights, chars, layers, heads, output, f"attention of {model.path} on {prompt!r}")
+    stderr_console().print(
+        f"wrote {output} ({len(layers)} layers x {len(heads)} heads, {len(chars)} characters)", markup=False
+    )
+
+
+def _transduction_attention(model, source: str, output: Path, layer, head, part: str, json_out: bool) -> None:
+    from charlm.cli.plot import plot_attention
+    from charlm.progress import stderr_console
+
+    maps = model.transduction_attention(source)
+    if part not in maps:
+        raise UsageError(
+            f"this model has no {part} attention (model.cross_attention is off): use --part encoder|decoder"
+        )
+    weights = maps[part]  # (L, nh, rows, columns)
+    layers = pick_indices("--layer", layer, weights.size(0))
+    heads = pick_indices("--head", head, weights.size(1))
+    rows = maps["source"] if part == "encoder" else maps["target"]
+    columns = ["⟨start⟩", *maps["target"][:-1]] if part == "decoder" else maps["source"]  # the decoder's inputs
+    if json_out:
+        picked = weights[layers][:, heads].tolist()
+        shown = {"chars": rows, "key_chars": columns, "source": maps["source"], "target": maps["target"]}
+        print_json({"part": part, **shown, "layers": layers, "heads": heads, "weights": picked})
+        return
+    target = "".join(maps["target"][:-1])
+    title = f"{part} attention of {model.path}: {source!r} -> {target!r}"
+    named = {
+        "cross": ("target: the character written", "source character (attends to)"),
+        "encoder": ("source (attends from)", "source (attends to)"),
+        "decoder": ("target: the character written", "target so far (attends to)"),
+    }[part]
+    plot_attention(weights, rows, layers, heads, output, title, columns, named)
+    stderr_console().print(f"wrote {output} ({len(layers)} layers x {len(heads)} heads, {part})", markup=False)
+
+
+# ---------------------------------------------------------------------------- export
+
+
+def export_(
+    paths: Annotated[
+        list[str],
+        typer.Argument(
+            metavar="[CKPT] DIR",
+            show_default=False,
+            help="Checkpoint file or run folder (default: the newest runs/*/best.pt), then the folder to write.",
+        ),
+    ],
+) -> None:
+    """Write a model anyone can load without unpickling: model.safetensors, config.json, vocab.json, README.md."""
+    needs_torch()
+    from charlm.api.model import export
+    from charlm.progress import stderr_console
+
+    if len(paths) > 2:
+        raise UsageError(f"charlm export takes [CKPT] DIR, got {len(paths)} paths")
+    source = checkpoint_path(paths[0] if len(paths) == 2 else None)
+    written = export(source, Path(paths[-1]))
+    stderr_console().print(f"exported {source} to {paths[-1]}: {', '.join(p.name for p in written)}", markup=False)
+
+
+# ---------------------------------------------------------------------------- plot and config
+
+
+def plot(
+    run_dirs: Annotated[list[Path], typer.Argument(help="One or more run folders (each with metrics.jsonl).")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="PNG file to write.")] = Path("loss.png"),
+) -> None:
+    r"""Plot train and val loss against step and wall time, with the learning rate (needs the plot extra:
+    pip install -e ".\[plot]")."""  # \[ : rich markup would read [plot] as a style and drop it
+    from charlm.cli.plot import plot_runs
+    from charlm.progress import stderr_console
+
+    written = plot_runs(run_dirs, output)
+    stderr_console().print(f"wrote {written}")
+
+
+def config_(
+    config: ConfigOption = None,
+    set_: SetOption = None,
+    show: Annotated[
+        bool, typer.Option("--show", help="Print the resolved configuration as YAML (the default).")
+    ] = False,
+    keys: Annotated[bool, typer.Option("--keys", help="List every key with its type, default and meaning.")] = False,
+) -> None:
+    """Print the configuration a `charlm train` with the same --config/--set would use (every key, resolved)."""
+    from charlm.config import schema as cfg
+
+    if keys:
+        if show or config is not None or set_:
+            raise UsageError("--keys lists every key with its default; it takes no --show, --config or --set")
+        from charlm.cli.report import print_config_keys
+        from charlm.config.reference import key_reference
+
+        print_config_keys(key_reference())
+        return
+    sys.stdout.write(cfg.load_config(config or cfg.DEFAULT_CONFIG, set_ or []).to_yaml())

@@ -1,0 +1,233 @@
+"""`charlm sample` (continue a prompt with a decoder, or rewrite sources with an encoder-decoder) and `charlm fill`
+(an encoder's guesses for hidden characters); registered on the app in charlm/cli/app.py, like it parsing and messages
+only."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated, Optional
+
+import typer
+
+from charlm.cli.support import (
+    CHECKPOINT_HELP,
+    DeviceOption,
+    Precision,
+    PrecisionOption,
+    Unknown,
+    check_replacement,
+    checkpoint_path,
+    needs_torch,
+    print_json,
+    write_flushed,
+)
+from charlm.errors import UsageError
+
+
+def sample_(
+    checkpoint: Annotated[Optional[str], typer.Argument(help=CHECKPOINT_HELP, show_default=False)] = None,
+    prompt: Annotated[Optional[str], typer.Option(help="Text to continue. Default: a newline.")] = None,
+    prompt_file: Annotated[
+        Optional[str], typer.Option(help="Read the prompt from this UTF-8 file instead; - reads standard input.")
+    ] = None,
+    max_new_tokens: Annotated[
+        Optional[int],
+        typer.Option(min=0, help="Characters to generate per sample. Default: the checkpoint's sample.max_new_tokens."),
+    ] = None,
+    temperature: Annotated[
+        Optional[float], typer.Option(min=0.0, help="Softmax temperature; 0 = greedy (argmax).")
+    ] = None,
+    top_k: Annotated[
+        Optional[int], typer.Option(min=1, help="Keep only the K most likely characters (clamped to the vocabulary).")
+    ] = None,
+    top_p: Annotated[
+        Optional[float],
+        typer.Option(help="Nucleus: keep the smallest set of characters reaching probability P (0 < P <= 1)."),
+    ] = None,
+    seed: Annotated[
+        Optional[int], typer.Option(help="Same seed and options give the same text on the same device.")
+    ] = None,
+    num_samples: Annotated[int, typer.Option(min=1, max=1024, help="Samples generated together as one batch.")] = 1,
+    stop: Annotated[
+        Optional[list[str]],
+        typer.Option(help="End a sample at the first occurrence of this string (included). Repeatable."),
+    ] = None,
+    unknown: Annotated[Unknown, typer.Option(help="Prompt characters outside the vocabulary.")] = Unknown.error,
+    replace_with: Annotated[
+        Optional[str], typer.Option(help="Character used by --unknown replace. Default: space.")
+    ] = None,
+    device: DeviceOption = "auto",
+    stream: Annotated[
+        Optional[bool],
+        typer.Option(
+            "--stream/--no-stream", help="Print characters as they come (default: on a terminal, with one sample)."
+        ),
+    ] = None,
+    no_cache: Annotated[
+        bool, typer.Option("--no-cache", help="Recompute the whole window every step (slow; the reference path).")
+    ] = False,
+    precision: PrecisionOption = Precision.float32,
+    compile_step: Annotated[
+        bool,
+        typer.Option(
+            "--compile",
+            help="Compile the decoding step (torch.compile): seconds to compile first, then ~1.6x faster batch-1 "
+            "steps (int8 on big models, float32 on small ones); pays for long texts and --interactive. The text can "
+            "differ from the uncompiled one's after a while.",
+        ),
+    ] = False,
+    json_out: Annotated[
+        bool,
+        typer.Option(
+            "--json",
+            help='Print one JSON object: {"samples": [...], "chars_per_s": ..., "replaced": N} (replaced: '
+            "characters a byte model produced that were not valid UTF-8, shown as U+FFFD; with --compile also "
+            '"compile_s", the seconds compiling took, which chars_per_s leaves out).',
+        ),
+    ] = False,
+    beam: Annotated[
+        int,
+        typer.Option(
+            min=1, max=64, help="Encoder-decoder: beam search with N hypotheses, length-normalised (1 = greedy)."
+        ),
+    ] = 1,
+    interactive: Annotated[
+        bool,
+        typer.Option(
+            "--interactive",
+            "-i",
+            help="Load once, then continue prompt after prompt (/help lists the commands); without a terminal, one "
+            "prompt per input line.",
+        ),
+    ] = False,
+) -> None:
+    """Generate text from a checkpoint, continuing a prompt (KV-cached; temperature, top-k, top-p, stop strings).
+
+    An encoder-decoder rewrites the prompt instead (greedy, or --beam N): --prompt SOURCE prints its target;
+    --prompt-file FILE (- for standard input) rewrites every line and prints source<TAB>target lines.
+    """
+    needs_torch()
+    from charlm.api.model import check_sample_flags, check_sample_options, load
+    from charlm.data.corpus import read_prompt
+
+    if prompt is not None and prompt_file is not None:
+        raise UsageError("give --prompt or --prompt-file, not both")
+    if interactive and (prompt is not None or prompt_file is not None or json_out or num_samples != 1):
+        raise UsageError(
+            "--interactive reads its prompts from the keyboard: leave out --prompt, --prompt-file, --json and "
+            "--num-samples"
+        )
+    check_replacement(replace_with)
+    # flag mistakes first, before looking for a checkpoint
+    check_sample_flags(top_p=top_p, stop=stop, compile=compile_step, use_cache=not no_cache)
+    model = load(checkpoint_path(checkpoint), device, precision.value)  # a bad checkpoint before a bad prompt
+    if model.config.model.arch == "encoder-decoder":
+        only_text = {
+            "--max-new-tokens": max_new_tokens is not None,
+            "--num-samples": num_samples != 1,
+            "--stop": bool(stop),
+            "--stream": stream is not None,
+            "--no-cache": no_cache,
+            "--compile": compile_step,
+            "--interactive": interactive,
+        }
+        if given := [flag for flag, used in only_text.items() if used]:
+            raise UsageError(
+                f"{', '.join(given)}: not for an encoder-decoder, which rewrites each source whole (use "
+                "--prompt-file - to rewrite lines as they come)"
+            )
+        decoding = (beam, temperature, top_k, top_p, seed, unknown.value, replace_with)
+        return transduce_lines(model, prompt, prompt_file, decoding, json_out)
+    model.decoder  # noqa: B018  (an encoder is refused here in one line: it fills blanks, see `charlm fill`)
+    if beam != 1:
+        raise UsageError("--beam is for encoder-decoder models; a decoder samples (--temperature 0 is greedy)")
+    text = read_prompt(prompt_file) if prompt_file is not None else ("\n" if prompt is None else prompt)
+    options = check_sample_options(
+        model.config,
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        seed=seed,
+        stop=stop or [],
+        num_samples=num_samples,
+        use_cache=not no_cache,
+        compile=compile_step,
+    )
+    if interactive:
+        from charlm.cli.repl import run_repl
+
+        return run_repl(model, options, unknown.value, replace_with)
+    prompt_ids = model.encode_prompt(text, unknown.value, replace_with)
+    streaming = not json_out and num_samples == 1 and (stream if stream is not None else sys.stdout.isatty())
+    if streaming:
+        write_flushed(model.tokenizer.decode(prompt_ids))  # the prompt as the model sees it
+    result = model.sample(prompt_ids, options, on_text=write_flushed if streaming else None)
+    if json_out:
+        out = {"samples": result.samples, "chars_per_s": result.chars_per_s, "replaced": result.replaced}
+        print_json(out | ({"compile_s": round(result.compile_seconds, 3)} if compile_step else {}))
+    elif streaming:
+        sys.stdout.write("\n")
+    else:
+        for i, sample_text in enumerate(result.samples):
+            if num_samples > 1:
+                sys.stdout.write(f"--- sample {i + 1} ---\n")
+            sys.stdout.write(sample_text + "\n")
+
+
+def transduce_lines(model, prompt, prompt_file, decoding: tuple, json_out: bool) -> None:
+    """--prompt: the target alone; --prompt-file: source<TAB>target for every non-blank line."""
+    beam, temperature, top_k, top_p, seed, unknown, replace_with = decoding
+    from charlm.data.corpus import read_prompt
+
+    if prompt_file is not None:
+        lines = [line.removesuffix("\r") for line in read_prompt(prompt_file).split("\n")]
+        numbered = [(n, line) for n, line in enumerate(lines, start=1) if line.strip()]
+    elif prompt is None:
+        raise UsageError("an encoder-decoder needs a source: --prompt SOURCE, or --prompt-file FILE (- for stdin)")
+    else:
+        numbered = [(1, prompt)]
+    for number, line in numbered:
+        try:
+            model.encode_source(line, unknown, replace_with)
+        except UsageError as e:
+            where = f"line {number} of {prompt_file}: " if prompt_file is not None else ""
+            raise UsageError(where + str(e)) from None
+    sources = [line for _, line in numbered]
+    targets = model.transduce(sources, beam, temperature or 0.0, top_k, top_p or 1.0, seed, unknown, replace_with)
+    if json_out:
+        rows = [{"source": line, "target": t} for (_, line), t in zip(numbered, targets, strict=True)]
+        print_json({"targets": rows, "beam": beam})
+    elif prompt_file is None:
+        sys.stdout.write(targets[0] + "\n")
+    else:
+        sys.stdout.writelines(f"{line}\t{t}\n" for (_, line), t in zip(numbered, targets, strict=True))
+
+
+def fill(
+    checkpoint: Annotated[Optional[str], typer.Argument(help=CHECKPOINT_HELP, show_default=False)] = None,
+    prompt: Annotated[
+        str, typer.Option(help="Text with each hidden character marked by --mask-char, e.g. 'ROM_O AND JUL_ET'.")
+    ] = "ROM_O AND JUL_ET",
+    mask_char: Annotated[str, typer.Option(help="The character that marks a hidden one.")] = "_",
+    top: Annotated[int, typer.Option(min=1, max=50, help="Candidates shown per blank.")] = 5,
+    device: DeviceOption = "auto",
+    json_out: Annotated[
+        bool,
+        typer.Option("--json", help='Print {"text": ..., "blanks": [{"position", "candidates": [[char, p], ...]}]}.'),
+    ] = False,
+) -> None:
+    """An encoder (model.arch: encoder) fills every blank of a text at once: the filled text, then each blank's most
+    likely characters with their probabilities."""
+    needs_torch()
+    from charlm.api.model import load
+    from charlm.cli.plot import shown_char
+
+    model = load(checkpoint_path(checkpoint), device)
+    result = model.fill(prompt, mask_char, top)
+    if json_out:
+        return print_json(result)
+    sys.stdout.write(result["text"] + "\n")
+    for blank in result["blanks"]:
+        shown = ", ".join(f"{shown_char(c)!s} {p:.3f}" for c, p in blank["candidates"])
+        sys.stdout.write(f"  position {blank['position']}: {shown}\n")

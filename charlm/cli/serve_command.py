@@ -1,0 +1,123 @@
+"""`charlm serve`: parse the flags, load the model once, bind the port and hand over to uvicorn (registered on the
+app in charlm/cli/app.py; the server itself lives in charlm/serving/server.py)."""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+from typing import Annotated, Optional
+
+import typer
+
+from charlm.cli.support import (
+    CHECKPOINT_HELP,
+    DeviceOption,
+    Precision,
+    PrecisionOption,
+    Unknown,
+    check_replacement,
+    checkpoint_path,
+    needs_torch,
+)
+from charlm.errors import UsageError
+
+API_KEY_ENV = "CHARLM_API_KEY"
+SERVE_HINT = 'charlm serve needs FastAPI and uvicorn: pip install -e ".[serve]" in your charlm checkout'
+
+
+def serve(
+    checkpoint: Annotated[Optional[str], typer.Argument(help=CHECKPOINT_HELP, show_default=False)] = None,
+    host: Annotated[
+        str, typer.Option(help="Address to listen on; anything but loopback lets other machines in (a warning).")
+    ] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=0, max=65535, help="TCP port; 0 picks a free one (printed).")] = 8000,
+    api_key: Annotated[
+        Optional[str],
+        typer.Option(
+            envvar=API_KEY_ENV,
+            help=f"Require 'Authorization: Bearer KEY' on every endpoint but /health and the page's files "
+            f"(or set {API_KEY_ENV}).",
+            show_default=False,
+        ),
+    ] = None,
+    model_name: Annotated[str, typer.Option(help="The model's name in the API (GET /v1/models).")] = "charlm",
+    max_batch: Annotated[int, typer.Option(min=1, max=1024, help="Completions decoded together.")] = 32,
+    max_queue: Annotated[int, typer.Option(min=0, help="Completions waiting for a place; beyond: HTTP 429.")] = 256,
+    max_prompt: Annotated[int, typer.Option(min=1, help="Characters in a prompt or a scored text.")] = 8192,
+    max_tokens: Annotated[int, typer.Option(min=1, help="Largest max_tokens a request may ask for.")] = 4096,
+    max_n: Annotated[int, typer.Option(min=1, help="Completions per request (prompts x n).")] = 16,
+    max_body: Annotated[int, typer.Option(min=1, help="Bytes in a request body; beyond: HTTP 413.")] = 1_000_000,
+    unknown: Annotated[Unknown, typer.Option(help="Prompt characters outside the vocabulary.")] = Unknown.error,
+    replace_with: Annotated[Optional[str], typer.Option(help="Character used by --unknown replace.")] = None,
+    device: DeviceOption = "auto",
+    precision: PrecisionOption = Precision.float32,
+) -> None:
+    """Serve a model: OpenAI-compatible /v1/completions (streaming, batched), /v1/score, /v1/attention, and a
+    playground page at /."""
+    check_replacement(replace_with)
+    if max_n > max_batch:
+        raise UsageError(f"--max-n ({max_n}) cannot exceed --max-batch ({max_batch}): one request must fit a batch")
+    needs_torch()
+    try:
+        import uvicorn
+
+        from charlm.serving.server import create_app
+    except ImportError:
+        raise UsageError(SERVE_HINT) from None
+    from charlm.api.model import load
+    from charlm.progress import stderr_console
+    from charlm.serving.requests import Limits
+
+    console = stderr_console()
+    listener = bind(host, port)
+    model = load(checkpoint_path(checkpoint), device, precision.value)
+    model.decoder  # noqa: B018  (an encoder-decoder is refused here, in one line, before serving)
+    limits = Limits(max_batch, max_queue, max_prompt, max_tokens, max_n, max_body)
+    app = create_app(model, limits, model_name, api_key or None, unknown.value, replace_with)
+    bound_host, bound_port = listener.getsockname()[:2]
+    url = f"http://{bound_host if ':' not in bound_host else f'[{bound_host}]'}:{bound_port}"
+    if not is_loopback(host):
+        console.print(
+            f"warning: listening on {host}: other machines can reach this server"
+            + ("" if api_key else f"; set --api-key (or {API_KEY_ENV}) to require a key"),
+            markup=False,
+        )
+    console.print(
+        f"serving {model!r}\n  playground  {url}/\n  OpenAI API  {url}/v1  (model {model_name!r}"
+        f"{', key required' if api_key else ''})\nCtrl-C stops.",
+        markup=False,
+    )
+    config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=2)
+    uvicorn.Server(config).run(sockets=[listener])
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """The listening socket, bound before the model loads, so a taken port is one clear line at once."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as e:
+        raise UsageError(
+            f"--host {host!r} is not an address or name this machine can listen on ({e.strerror})"
+        ) from None
+    family, kind, proto, _, address = infos[0]
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(address)
+    except OSError as e:
+        sock.close()
+        raise UsageError(
+            f"cannot listen on {host}:{port} ({e.strerror}): pick another --port, or 0 for a free one"
+        ) from None
+    sock.listen(128)
+    sock.set_inheritable(True)
+    return sock
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

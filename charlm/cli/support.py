@@ -1,0 +1,184 @@
+"""What every `charlm` command shares: option types with their choices, finding the checkpoint, printing JSON, and
+the entry point that turns each failure into one line on stderr and an exit code. No ML logic."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Any, Optional, cast
+
+import typer
+from rich.markup import escape
+
+from charlm.config.schema import DEVICE_NAMES  # no torch behind it: --help stays fast
+from charlm.errors import USAGE_EXIT, CharlmError, Interrupted, UsageError
+
+CHECKPOINT_HELP = "Checkpoint file, run folder (its best.pt) or export. Default: the newest runs/*/best.pt."
+
+
+class State:
+    debug = False
+
+
+# Fixed choices as Enums: --help lists them and the shell completes them.
+class Corpus(str, Enum):
+    """The built-in corpora (charlm.data.download.CORPORA; a test keeps the two in step)."""
+
+    tinyshakespeare = "tinyshakespeare"
+    enwik8 = "enwik8"
+    text8 = "text8"
+    cmudict = "cmudict"
+
+
+class Split(str, Enum):
+    val = "val"
+    test = "test"
+    train = "train"
+    all = "all"
+
+
+Unknown = Enum("Unknown", {"error": "error", "skip": "skip", "replace": "replace"}, type=str)  # .replace: a str method
+
+
+DEVICES = ("auto", "cpu", "cuda", "mps")
+DEVICE_HELP = f"{DEVICE_NAMES}."
+
+
+def complete_device(incomplete: str) -> list[str]:
+    return [d for d in DEVICES if d.startswith(incomplete)]
+
+
+ConfigOption = Annotated[
+    Optional[str],
+    typer.Option(
+        "--config", "-c", help="YAML config file, or a shipped config's name (tiny, cpu, notebook, gpu). Default: cpu."
+    ),
+]
+SetOption = Annotated[
+    Optional[list[str]],
+    typer.Option("--set", help="Override one key: section.key=value (repeatable), e.g. --set train.lr=3e-4."),
+]
+DeviceOption = Annotated[str, typer.Option(help=DEVICE_HELP, autocompletion=complete_device)]
+
+
+class Precision(str, Enum):
+    """The weights' precision when a model is used (charlm.models.quantize); training precision is train.dtype."""
+
+    float32 = "float32"
+    int8 = "int8"
+
+
+PrecisionOption = Annotated[
+    Precision,
+    typer.Option(
+        help="Weights for decoding: int8 samples a large model several times faster on the CPU (the text can "
+        "differ from float32's after a while; docs/benchmarks.md gives the agreement)."
+    ),
+]
+
+
+def needs_torch() -> None:
+    """Commands that run a model check torch first; --help, config and download never import it."""
+    from charlm.hardware.device import require_torch
+
+    require_torch()
+
+
+def checkpoint_path(given: Optional[str]) -> Path:
+    """The checkpoint given (a file or a run folder), else the newest run's best.pt, said on stderr."""
+    from charlm.progress import stderr_console
+    from charlm.storage.checkpoint import newest_checkpoint
+    from charlm.storage.loading import model_path
+
+    if given is not None:
+        return model_path(given)
+    path = newest_checkpoint()
+    stderr_console().print(f"using {path} (newest run)", markup=False)
+    return path
+
+
+def print_json(obj: dict) -> None:
+    sys.stdout.write(json.dumps(obj) + "\n")
+    sys.stdout.flush()
+
+
+def remover_if_created(folder: Path):
+    """Removes `folder` if this command created it and it is still empty (for an exit before training starts)."""
+    existed = folder.exists()
+
+    def remove() -> None:
+        if not existed and folder.is_dir() and not any(folder.iterdir()):
+            folder.rmdir()
+
+    return remove
+
+
+def check_replacement(replace_with: Optional[str]) -> None:
+    if replace_with is not None and len(replace_with) != 1:
+        raise UsageError(f"--replace-with takes one character, got {replace_with!r}")
+
+
+def write_flushed(text: str) -> None:
+    sys.stdout.write(text)
+    sys.stdout.flush()
+
+
+def pick_indices(flag: str, chosen: Optional[list[int]], count: int) -> list[int]:
+    bad = [i for i in chosen or [] if not 0 <= i < count]
+    if bad:
+        raise UsageError(f"{flag} {bad[0]} does not exist: the model has {count} (0 to {count - 1})")
+    return list(dict.fromkeys(chosen)) if chosen else list(range(count))
+
+
+def run_app(app: typer.Typer, argv: list[str] | None = None) -> None:
+    """Run the CLI: one clear line on stderr and an exit code for every failure; a traceback only with --debug."""
+    from charlm.progress import stderr_console
+
+    console = stderr_console()
+    signal.signal(signal.SIGTERM, _terminated)  # training installs its own handler; this covers start-up
+    try:
+        code = app(args=argv, prog_name="charlm", standalone_mode=False)
+    except typer.Abort:
+        console.print("[red]interrupted[/red]")
+        code = 130
+    except CharlmError as e:
+        if isinstance(e, Interrupted):  # leaving anyway: a repeated Ctrl-C must not kill us mid-exit
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(signum, signal.SIG_IGN)
+        if State.debug:
+            raise
+        console.print(f"[red]error:[/red] {escape(str(e))}")
+        for line in e.details:
+            console.print(f"  - {line}", markup=False)
+        code = e.exit_code
+    except KeyboardInterrupt:
+        console.print("[red]interrupted[/red]")
+        code = 130
+    except Exception as e:
+        if _is_click_usage_error(e):  # bad flag or argument, as the parser found it
+            ctx = getattr(e, "ctx", None)
+            where = ctx.command_path if ctx else "charlm"
+            message = cast(Any, e).format_message()  # click's UsageError (typer may bundle its own click)
+            console.print(f"[red]error:[/red] {escape(message)} (see '{where} --help')")
+            code = USAGE_EXIT
+        elif State.debug:
+            raise
+        else:
+            console.print(
+                f"[red]internal error:[/red] {escape(f'{type(e).__name__}: {e}')} "
+                "(rerun with --debug for the traceback)"
+            )
+            code = 1
+    sys.exit(code or 0)
+
+
+def _terminated(signum: int, frame: object) -> None:
+    raise Interrupted("SIGTERM received before any work was done; nothing was written", signum)
+
+
+def _is_click_usage_error(e: Exception) -> bool:
+    # typer >= 0.26 vendors click, so match the class by name rather than import one of two copies
+    return any(cls.__name__ == "UsageError" for cls in type(e).__mro__) and hasattr(e, "format_message")

@@ -1,0 +1,398 @@
+"""Typed configuration: dataclasses with defaults, loaded from YAML and overrides, validated in one place.
+
+Precedence: dataclass defaults < YAML file < `--set section.key=value` < first-class CLI options.
+Every problem is collected and reported at once, each naming the dotted key the user typed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+import typing
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from charlm.config.arch_rules import arch_problems
+from charlm.config.sources import (  # noqa: F401  (re-exported: the config API in one import)
+    CONFIG_DIRS,
+    Options,
+    Setting,
+    file_settings,
+    find_config,
+    parse_set,
+    read_yaml_file,
+    shipped_config_names,
+)
+from charlm.config.values import coerce, describe_type
+from charlm.errors import UsageError
+
+DEFAULT_CONFIG = "cpu"
+
+
+def documented(default: Any, help: str, **checks: Any) -> Any:
+    """A dataclass field with its help text and range checks (ge, gt, le, lt) kept as metadata."""
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata={"help": help, "default": default, **checks})
+    return field(default=default, metadata={"help": help, **checks})
+
+
+Logger = Literal["jsonl", "csv", "tensorboard", "wandb"]
+
+
+@dataclass
+class DataConfig:
+    path: str = documented(
+        "data/tinyshakespeare.txt",
+        "text file, or folder of text files joined in name order, to "
+        "train on (downloaded when it is a built-in corpus's path and missing)",
+    )
+    tokenizer: Literal["char", "byte"] = documented(
+        "char", "char: one id per distinct character of a UTF-8 text; byte: ids are byte values (256; any file)"
+    )
+    val_fraction: float = documented(
+        0.1, "fraction of the text held out for validation (after the training part)", gt=0.0, lt=1.0
+    )
+    val_size: int = documented(0, "exact tokens held out for validation (0 = use data.val_fraction)", ge=0)
+    test_fraction: float = documented(
+        0.0,
+        "last fraction of the text held out for testing (never trained on or used for choosing best.pt)",
+        ge=0.0,
+        lt=1.0,
+    )
+    test_size: int = documented(0, "exact tokens held out for testing (0 = use data.test_fraction)", ge=0)
+    format: Literal["text", "pairs"] = documented(
+        "text",
+        "text: one stream of characters; pairs: UTF-8 TSV, one source<TAB>target per line (model.arch: "
+        "encoder-decoder), split by lines after a seeded shuffle (val/test fractions and sizes count lines)",
+    )
+    skip_bad_lines: bool = documented(
+        False, "pairs: skip lines without exactly one tab, with an empty side or too long (else: refuse the file)"
+    )
+
+
+@dataclass
+class ModelConfig:
+    arch: Literal["decoder", "encoder-decoder", "encoder"] = documented(
+        "decoder",
+        "decoder: a GPT continuing text; encoder-decoder: the original Transformer, rewriting a source string into "
+        "a target string (data.format: pairs); encoder: BERT-style, restoring hidden characters (charlm fill)",
+    )
+    n_layer: int = documented(4, "number of Transformer blocks (the decoder's, in an encoder-decoder)", ge=1)
+    n_encoder_layer: int = documented(0, "encoder blocks of an encoder-decoder (0 = as many as n_layer)", ge=0)
+    cross_attention: bool = documented(
+        True, "decoder blocks attend to the encoder's output (false only to show what it carries: then they cannot)"
+    )
+    share_embeddings: bool = documented(True, "encoder-decoder: source and target characters share one embedding")
+    n_head: int = documented(4, "attention heads per block (must divide n_embd)", ge=1)
+    n_embd: int = documented(128, "width of the residual stream", ge=1)
+    block_size: int = documented(64, "context length in characters", ge=1)
+    dropout: float = documented(0.0, "dropout probability in attention, MLP and embeddings", ge=0.0, lt=1.0)
+    bias: bool = documented(True, "biases in Linear layers and LayerNorms")
+    pos_encoding: Literal["learned", "sinusoidal", "rope", "alibi"] = documented(
+        "learned",
+        "positions: learned or sinusoidal (absolute, added to embeddings); rope or alibi (relative, in attention)",
+    )
+    norm: Literal["layernorm", "rmsnorm"] = documented("layernorm", "normalisation layer")
+    norm_position: Literal["pre", "post"] = documented(
+        "pre", "pre: x + f(norm(x)) (GPT-2); post: norm(x + f(x)) (original paper)"
+    )
+    activation: Literal["relu", "gelu", "swiglu", "relu2"] = documented(
+        "gelu", "feed-forward activation (swiglu uses 2/3 of the hidden width; relu2 is relu(x)^2)"
+    )
+    ffn_mult: float = documented(4.0, "feed-forward hidden width as a multiple of n_embd", gt=0.0)
+    tie_weights: bool = documented(True, "share the output head's weights with the token embedding")
+    qkv_bias: bool | None = documented(None, "biases in the Q/K/V projections (null = model.bias)")
+    proj_bias: bool | None = documented(None, "bias in attention's output projection W_O (null = model.bias)")
+    ffn_bias: bool | None = documented(None, "biases in the feed-forward layers (null = model.bias)")
+    head_bias: bool = documented(False, "a bias in the output head's logits (GPT-2 has none)")
+    n_experts: int = documented(
+        0, "feed-forward experts per block (0 = one dense feed-forward; mixture of experts)", ge=0
+    )
+    expert_top_k: int = documented(2, "experts each token is routed to, when n_experts > 0", ge=1)
+    moe_aux_weight: float = documented(0.01, "weight of the load-balancing loss added while training", ge=0.0)
+    qk_norm: bool = documented(False, "RMS-normalise queries and keys per head before the scores (QK-norm)")
+    zero_init_proj: bool = documented(
+        False, "start W_O and the feed-forward's output projection at zero, so each block begins as the identity"
+    )
+    token_shift: bool = documented(
+        False,
+        "each position's embedding and each layer's self-attention input take in the previous position's, scaled "
+        "per channel and gated by the position (RWKV's token shift, nanochat's smear)",
+    )
+    logit_softcap: float = documented(0.0, "cap the output logits smoothly: c * tanh(logits / c) (0 = off)", ge=0.0)
+    init: Literal["gpt2", "torch"] = documented(
+        "gpt2",
+        "initial weights: gpt2 = N(0, 0.02), residual projections scaled by 1/sqrt(2 n_layer), zero biases; torch = "
+        "PyTorch's own layer defaults (uniform Linear weights, N(0, 1) embeddings), as the course notebook has them",
+    )
+    attention: Literal["fused", "explicit"] = documented(
+        "fused",
+        "fused: torch's scaled_dot_product_attention kernel; explicit: softmax(QKᵀ/√d_head + mask) V "
+        "written out (same results, slower; can return the weights)",
+    )
+
+
+@dataclass
+class TrainConfig:
+    batch_size: int = documented(32, "windows per micro-batch", ge=1)
+    grad_accum: int = documented(1, "micro-batches accumulated per optimizer step", ge=1)
+    max_steps: int = documented(5000, "optimizer steps at most (0 = no step limit)", ge=0)
+    max_seconds: float = documented(0.0, "wall-clock budget for training in seconds, per invocation (0 = none)", ge=0.0)
+    optimizer: Literal["adamw", "muon"] = documented(
+        "adamw",
+        "adamw: AdamW for every parameter; muon: torch.optim.Muon (momentum orthogonalised by Newton-Schulz "
+        "steps) for the blocks' weight matrices, AdamW for embeddings, head, norms and biases",
+    )
+    lr: float = documented(
+        1e-3, "peak learning rate of AdamW (the schedule's reference: other lrs scale with it)", gt=0.0
+    )
+    embed_lr: float | None = documented(
+        None, "peak AdamW lr of the token and position embeddings (null = train.lr)", gt=0.0
+    )
+    head_lr: float | None = documented(None, "peak AdamW lr of an untied output head (null = train.lr)", gt=0.0)
+    muon_lr: float = documented(0.02, "peak Muon learning rate (train.optimizer: muon)", gt=0.0)
+    muon_momentum: float = documented(0.95, "Muon momentum (Nesterov)", ge=0.0, lt=1.0)
+    muon_weight_decay: float = documented(0.0, "Muon's decoupled weight decay", ge=0.0)
+    muon_ns_steps: int = documented(5, "Newton-Schulz iterations per Muon step", ge=1)
+    muon_adjust_lr: Literal["original", "match_rms_adamw"] = documented(
+        "original",
+        "Muon's per-shape lr scaling: original (sqrt(max(1, rows/cols)), Keller Jordan's) or "
+        "match_rms_adamw (0.2 sqrt(max(rows, cols)): AdamW-sized updates, Moonshot's)",
+    )
+    min_lr: float = documented(
+        1e-5,
+        "the floor of every schedule: cosine and linear decay end here, the plateau rule never goes below it",
+        ge=0.0,
+    )
+    weight_decay: float = documented(0.1, "AdamW weight decay (on the parameters train.decay says)", ge=0.0)
+    decay: Literal["matrices", "all"] = documented(
+        "matrices",
+        "which parameters weight decay applies to: matrices (not biases, norms; GPT-2) or all (torch's "
+        "AdamW used plainly, as the course notebook does)",
+    )
+    beta1: float = documented(0.9, "AdamW beta1", ge=0.0, lt=1.0)
+    beta2: float = documented(0.99, "AdamW beta2", ge=0.0, lt=1.0)
+    warmup_steps: int = documented(0, "linear learning-rate warmup from 0 over this many steps", ge=0)
+    lr_schedule: Literal["plateau", "cosine", "linear"] = documented(
+        "plateau",
+        "after warmup: plateau = ReduceLROnPlateau on validation loss; cosine or linear = decay to min_lr "
+        "over the run's budget (max_steps or max_seconds, whichever is nearer)",
+    )
+    grad_clip: float = documented(1.0, "clip the gradient norm to this value (0 = no clipping)", ge=0.0)
+    eval_interval: int = documented(250, "evaluate every this many optimizer steps", ge=1)
+    eval_windows: int = documented(128, "windows scored per split at each periodic evaluation", ge=1)
+    eval_sampling: Literal["fixed", "random"] = documented(
+        "fixed",
+        "fixed: the same windows at every evaluation (a low-noise signal); random: fresh random windows "
+        "each time (the course notebook's estimate; seeded by train.seed and the step)",
+    )
+    eval_at_start: bool = documented(False, "also evaluate before the first step (step 0)")
+    final_eval_tokens: int = documented(
+        1_000_000,
+        "the end-of-run validation pass scores at most this many tokens from the start of the validation "
+        "split, so big corpora end quickly (0 = the whole split; `charlm eval` always scores all of it)",
+        ge=0,
+    )
+    plateau_factor: float = documented(
+        0.5, "ReduceLROnPlateau: multiply the lr by this when validation stalls", gt=0.0, lt=1.0
+    )
+    plateau_patience: int = documented(
+        3, "ReduceLROnPlateau: evaluations without improvement before lowering the lr", ge=0
+    )
+    early_stop_patience: int = documented(0, "stop after this many evaluations without improvement (0 = never)", ge=0)
+    seed: int = documented(1337, "seed for Python, torch and the batch sampler", ge=0)
+    device: str = documented("auto", "auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = documented(
+        "auto",
+        "autocast dtype: auto = bfloat16 on CUDA where supported, else float16; on CPUs with AMX-BF16, bfloat16 "
+        "for models wide enough to gain (n_embd >= 256, or >= 128 with batch x context x n_embd >= 1.5M), with "
+        "AVX-512 BF16 likewise (n_embd >= 192, or >= 128 with >= 0.5M; from 384 when float32 runs on oneDNN, "
+        "train.cpu_linear); float32 elsewhere",
+    )
+    compile: Literal["auto", "true", "false"] = documented("auto", "torch.compile: auto = on CUDA only; true; false")
+    cpu_linear: Literal["auto", "onednn", "torch"] = documented(
+        "auto",
+        "float32 linear layers on a CPU: onednn = oneDNN's kernels (the same float32 arithmetic, 1.2-1.4x faster "
+        "training steps where torch's default MKL is slow: AMD); torch = torch's default; auto = onednn on x86-64 "
+        "CPUs whose vendor is known and not Intel",
+    )
+    loggers: list[Logger] = documented(
+        ["jsonl"],
+        "where figures go: jsonl (OUT_DIR/metrics.jsonl, steps.jsonl, summary.json; always on), csv "
+        "(OUT_DIR/metrics.csv), tensorboard (OUT_DIR/tensorboard; the tensorboard extra), wandb (the wandb extra; "
+        "WANDB_MODE=offline honoured); e.g. --set 'train.loggers=[jsonl,csv]'",
+    )
+    log_interval: int = documented(
+        50, "log the training loss, lr and tokens/s every this many steps (0 = only with evaluations)", ge=0
+    )
+    wandb_project: str = documented("charlm", "the Weights & Biases project of the wandb logger")
+    tensorboard: bool = documented(False, "same as adding tensorboard to train.loggers (kept for older configs)")
+
+
+@dataclass
+class SampleConfig:
+    temperature: float = documented(0.8, "softmax temperature (0 = greedy)", ge=0.0)
+    top_k: int | None = documented(None, "keep only the k most likely characters (null = all)", ge=1)
+    top_p: float = documented(1.0, "nucleus sampling: smallest set reaching this probability (1 = all)", gt=0.0, le=1.0)
+    max_new_tokens: int = documented(500, "characters to generate", ge=0)
+
+
+@dataclass
+class Config:
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    sample: SampleConfig = field(default_factory=SampleConfig)
+
+    def to_dict(self) -> dict[str, dict[str, Any]]:
+        return dataclasses.asdict(self)
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+    def flat(self) -> dict[str, Any]:
+        """Every key as `section.key` -> value."""
+        return {f"{section}.{key}": value for section, body in self.to_dict().items() for key, value in body.items()}
+
+
+SECTIONS: dict[str, type] = {"data": DataConfig, "model": ModelConfig, "train": TrainConfig, "sample": SampleConfig}
+
+
+# ---------------------------------------------------------------------------- building and validating
+
+
+def build_config(settings: list[Setting]) -> Config:
+    """Apply settings in order over the defaults; raise one UsageError listing every problem."""
+    values: dict[str, dict[str, Any]] = {name: {} for name in SECTIONS}
+    errors: list[str] = []
+    for s in settings:
+        problem = _apply(values, s)
+        if problem:
+            errors.append(problem)
+    config = Config(**{name: SECTIONS[name](**values[name]) for name in SECTIONS})
+    errors += _check_ranges(config)
+    raise_all(errors)
+    return config
+
+
+def raise_all(errors: list[str]) -> None:
+    """One UsageError carrying every problem: one line for one, a count and a line each for several."""
+    if len(errors) == 1:
+        raise UsageError(errors[0])
+    if errors:
+        raise UsageError(f"{len(errors)} problems in the configuration:", details=errors)
+
+
+def _apply(values: dict[str, dict[str, Any]], s: Setting) -> str | None:
+    section, _, key = s.key.partition(".")
+    if section not in SECTIONS:
+        return f"unknown section '{section}' in '{s.key}' ({s.source}){_suggest(section, list(SECTIONS))}"
+    fields = {f.name: f for f in dataclasses.fields(SECTIONS[section])}
+    if key not in fields:
+        return f"unknown key '{s.key}' ({s.source}){_suggest(key, list(fields), prefix=section + '.')}"
+    hint = typing.get_type_hints(SECTIONS[section])[key]
+    ok, value = coerce(s.value, hint)
+    if not ok:
+        return f"{s.key}: expected {describe_type(hint)}, got {s.value!r} ({s.source})"
+    values[section][key] = value
+    return None
+
+
+def _suggest(word: str, options: list[str], prefix: str = "") -> str:
+    close = difflib.get_close_matches(word, options, n=1, cutoff=0.6)
+    return f"; did you mean '{prefix}{close[0]}'?" if close else f"; valid: {', '.join(prefix + o for o in options)}"
+
+
+def _check_ranges(config: Config) -> list[str]:
+    errors = []
+    for section in SECTIONS:
+        obj = getattr(config, section)
+        for f in dataclasses.fields(obj):
+            value = getattr(obj, f.name)
+            if value is None or isinstance(value, (bool, str, list)):
+                continue
+            problem = _range_problem(value, f.metadata)
+            if problem:
+                errors.append(f"{section}.{f.name}: {problem}, got {value!r}")
+    m = config.model
+    shape_ok = m.n_embd >= 1 and m.n_head >= 1  # cross-key checks only once each key is valid on its own
+    if shape_ok and m.n_embd % m.n_head:
+        errors.append(f"model.n_embd ({m.n_embd}) must be divisible by model.n_head ({m.n_head})")
+    if shape_ok and m.pos_encoding == "rope" and m.n_embd % m.n_head == 0 and (m.n_embd // m.n_head) % 2:
+        errors.append(f"model.pos_encoding rope needs an even head size, but n_embd / n_head = {m.n_embd // m.n_head}")
+    if m.n_experts and m.expert_top_k > m.n_experts:
+        errors.append(f"model.expert_top_k ({m.expert_top_k}) must be at most model.n_experts ({m.n_experts})")
+    errors += arch_problems(config.model, config.data)
+    if config.train.max_steps == 0 and config.train.max_seconds == 0:
+        errors.append("train.max_steps and train.max_seconds are both 0: set at least one limit")
+    if not valid_device_name(config.train.device):
+        errors.append(f"train.device: expected {DEVICE_NAMES}, got {config.train.device!r}")
+    return errors
+
+
+DEVICE_NAMES = "auto, cpu, cuda, cuda:N or mps"
+
+
+def valid_device_name(name: str) -> bool:
+    """The one check of a device name, for train.device and the --device options."""
+    return name in ("auto", "cpu", "cuda", "mps") or (name.startswith("cuda:") and name[5:].isdigit())
+
+
+def _range_problem(value: float, meta: Mapping[str, Any]) -> str | None:
+    if not math.isfinite(value):
+        return "must be a finite number"
+    if "ge" in meta and value < meta["ge"]:
+        return f"must be >= {meta['ge']}"
+    if "gt" in meta and value <= meta["gt"]:
+        return f"must be > {meta['gt']}"
+    if "le" in meta and value > meta["le"]:
+        return f"must be <= {meta['le']}"
+    if "lt" in meta and value >= meta["lt"]:
+        return f"must be < {meta['lt']}"
+    return None
+
+
+def load_config(path: str | Path | None, sets: Sequence[str] = (), options: Options | None = None) -> Config:
+    """The whole precedence chain: defaults < file < --set items < first-class options."""
+    settings: list[Setting] = []
+    errors: list[str] = []
+    if path is not None:
+        config_path = find_config(str(path))
+        found, errors = file_settings(read_yaml_file(config_path), str(config_path))
+        settings += found
+    settings += [parse_set(item) for item in sets]
+    settings += _option_settings(options or {})
+    return _build_reporting_all(settings, errors)
+
+
+def _build_reporting_all(settings: list[Setting], errors: list[str]) -> Config:
+    """build_config, with the problems already found (malformed sections) reported in the same message."""
+    try:
+        config = build_config(settings)
+    except UsageError as e:
+        raise_all(errors + (e.details or [str(e)]))
+    raise_all(errors)
+    return config
+
+
+def _option_settings(options: Options) -> list[Setting]:
+    """First-class CLI options; those not given (None) leave the key alone."""
+    return [Setting(key, value, flag) for key, (flag, value) in options.items() if value is not None]
+
+
+def explicit_settings(sets: list[str], options: Options) -> dict[str, Any]:
+    """Only what the user gave on the command line, type- and range-checked (used when resuming)."""
+    settings = [parse_set(item) for item in sets] + _option_settings(options)
+    config = build_config(settings)
+    return {s.key: getattr(getattr(config, s.key.split(".")[0]), s.key.split(".")[1]) for s in settings}
+
+
+def config_from_dict(raw: dict[str, Any], source: str) -> Config:
+    """Rebuild a Config saved in a checkpoint (keys added since then take their defaults); all problems at once."""
+    settings, errors = file_settings(raw, source)
+    return _build_reporting_all(settings, errors)

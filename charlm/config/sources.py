@@ -1,0 +1,117 @@
+"""Config files and overrides: finding a shipped config by name, reading YAML safely, parsing `--set key=value`.
+
+Nothing here knows the keys: charlm/config/schema.py applies and validates what these functions read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from charlm.errors import UsageError
+
+# Where the shipped configs live: `configs/` beside the package in a source checkout, or the
+# copy that the wheel installs as `charlm/_configs`.
+_PACKAGE_DIR = Path(__file__).resolve().parents[1]  # charlm/, above charlm/config/
+CONFIG_DIRS = (_PACKAGE_DIR.parent / "configs", _PACKAGE_DIR / "_configs")
+
+
+# ---------------------------------------------------------------------------- finding and reading
+
+
+def find_config(name_or_path: str) -> Path:
+    """A path as given, or the name of a shipped config ("cpu", "tiny.yaml")."""
+    path = Path(name_or_path)
+    if path.exists():
+        return path
+    stem = path.name[:-5] if path.name.endswith(".yaml") else path.name
+    if path.parent == Path("."):  # a bare name: look among the shipped configs
+        for folder in CONFIG_DIRS:
+            candidate = folder / f"{stem}.yaml"
+            if candidate.is_file():
+                return candidate
+    shipped = ", ".join(shipped_config_names()) or "none found"
+    raise UsageError(f"config file not found: {name_or_path} (shipped configs: {shipped})")
+
+
+def shipped_config_names() -> list[str]:
+    for folder in CONFIG_DIRS:
+        if folder.is_dir():
+            return sorted(p.stem for p in folder.glob("*.yaml"))
+    return []
+
+
+def read_yaml_file(path: Path) -> dict[str, Any]:
+    """Parse a config file with yaml.safe_load (never executed); it must hold a mapping."""
+    if path.is_dir():
+        raise UsageError(f"config path is a directory, not a YAML file: {path}")
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as e:
+        raise UsageError(f"config file {path} is not UTF-8 text (bad byte at offset {e.start})") from e
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise UsageError(f"config file {path} is not valid YAML{where}: {problem}") from e
+    except OSError as e:
+        raise UsageError(f"cannot read config file {path}: {e.strerror}") from e
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise UsageError(f"config file {path} must hold a mapping of sections (data, model, train, sample)")
+    return raw
+
+
+# ---------------------------------------------------------------------------- overrides
+
+
+@dataclass
+class Setting:
+    """One value for a dotted key, remembering where the user gave it (for error messages)."""
+
+    key: str
+    value: Any
+    source: str
+
+
+Options = dict[str, tuple[str, Any]]  # dotted key -> (the flag the user typed, its value or None if not given)
+
+
+def parse_set(item: str) -> Setting:
+    """`section.key=value`, the value parsed as a YAML scalar ("3" -> 3, "true" -> True, "1e-3" -> 0.001)."""
+    key, sep, text = item.partition("=")
+    key = key.strip()
+    if not sep or "." not in key:
+        raise UsageError(f"--set expects section.key=value, got {item!r} (e.g. --set train.lr=3e-4)")
+    try:
+        value = yaml.safe_load(text) if text.strip() else None
+    except yaml.YAMLError:
+        value = text
+    if isinstance(value, dict):
+        value = text  # no mappings: keep the text and let the type check name the key
+    return Setting(key, _yaml_float(value), f"--set {item}")
+
+
+def _yaml_float(value: Any) -> Any:
+    # YAML 1.1 reads "1e-3" as a string (it wants "1.0e-3"); users mean a number.
+    if isinstance(value, str):
+        try:
+            return float(value) if any(c in value for c in "eE.") or value.strip().lower() in ("inf", "nan") else value
+        except ValueError:
+            return value
+    return value
+
+
+def file_settings(raw: dict[str, Any], source: str) -> tuple[list[Setting], list[str]]:
+    settings, errors = [], []
+    for section, body in raw.items():
+        if not isinstance(body, dict):
+            errors.append(f"{section}: expected a mapping of keys under '{section}:' ({source})")
+            continue
+        for key, value in body.items():
+            settings.append(Setting(f"{section}.{key}", _yaml_float(value), source))
+    return settings, errors

@@ -1,0 +1,204 @@
+"""Paired data (data.format: pairs): source<TAB>target lines read, checked, split, and batched with padding.
+
+Every problem line is counted and the first few are named; the file is refused unless data.skip_bad_lines is set.
+The split is by lines: a shuffle seeded by SPLIT_SEED (the same for every run of a file), then the validation and
+test lines are taken from the end, as the text format takes its splits from the end of the text.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from charlm.config.schema import DataConfig
+from charlm.data.corpus import IGNORE, read_text, split_sizes
+from charlm.hardware.device import autocast
+from charlm.data.tokenizer import BOS, EOS, PAD, SPECIAL_CHARS
+from charlm.errors import UsageError
+from charlm.data.tokenizer import CharTokenizer, Tokenizer
+
+SPLIT_SEED = 0
+Pair = tuple[list[int], list[int]]  # source ids, target ids (without BOS/EOS)
+
+
+def read_pairs(path: str | Path, block_size: int, skip_bad: bool, say: Callable[[str], None]) -> list[tuple[str, str]]:
+    """The (source, target) strings of a TSV file, every problem line reported at once."""
+    text = read_text(path)
+    problems: dict[str, list[int]] = {}
+    pairs: list[tuple[str, str]] = []
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()  # the newline that ends the last line
+    for number, line in enumerate(lines, start=1):
+        line = line.removesuffix("\r")
+        parts = line.split("\t")
+        if len(parts) != 2:
+            problems.setdefault("without exactly one tab", []).append(number)
+        elif not parts[0] or not parts[1]:
+            problems.setdefault("with an empty side", []).append(number)
+        elif len(parts[0]) > block_size or len(parts[1]) + 1 > block_size:
+            problems.setdefault(
+                f"longer than the context (source > {block_size} or target > {block_size - 1})", []
+            ).append(number)
+        elif any(c in SPECIAL_CHARS for c in line):
+            problems.setdefault("holding a reserved control character (U+0000, U+0002 or U+0003)", []).append(number)
+        else:
+            pairs.append((parts[0], parts[1]))
+    if problems:
+        described = "; ".join(
+            f"{len(numbers):,} {what} (line{'s' * (len(numbers) > 1)} {', '.join(map(str, numbers[:5]))}"
+            f"{', ...' if len(numbers) > 5 else ''})"
+            for what, numbers in problems.items()
+        )
+        if not skip_bad:
+            raise UsageError(
+                f"{path}: {described}; fix them, or set data.skip_bad_lines=true to train on the other lines"
+            )
+        say(f"skipping {sum(map(len, problems.values())):,} lines of {path}: {described}")
+    if not pairs:
+        raise UsageError(f"{path} holds no source<TAB>target line to train on")
+    return pairs
+
+
+def pair_tokenizer(pairs: list[tuple[str, str]]) -> CharTokenizer:
+    """PAD, BOS, EOS, then every character of both sides, sorted."""
+    return CharTokenizer(SPECIAL_CHARS + sorted({c for s, t in pairs for c in s + t}))
+
+
+@dataclass
+class PairCorpus:
+    """A paired file, encoded and split by lines."""
+
+    tokenizer: Tokenizer
+    train: list[Pair]
+    val: list[Pair]
+    test: list[Pair]
+    source: str = ""
+
+    @classmethod
+    def from_config(
+        cls,
+        data: DataConfig,
+        block_size: int,
+        tokenizer: Tokenizer | None = None,
+        say: Callable[[str], None] = lambda _: None,
+        hint: str = "",
+    ) -> PairCorpus:
+        strings = read_pairs(data.path, block_size, data.skip_bad_lines, say)
+        tokenizer = tokenizer or pair_tokenizer(strings)
+        unknown = sorted({c for s, t in strings for c in s + t} - set(tokenizer.chars))
+        if unknown:
+            shown = ", ".join(repr(c) for c in unknown[:10])
+            raise UsageError(
+                f"{data.path} has characters the model has never seen: {shown}" + (f"; {hint}" if hint else "")
+            )
+        encoded = [(tokenizer.encode(s), tokenizer.encode(t)) for s, t in strings]
+        random.Random(SPLIT_SEED).shuffle(encoded)
+        n_train, n_val, _ = split_sizes(len(encoded), data, data.path, "lines")
+        return cls(
+            tokenizer, encoded[:n_train], encoded[n_train : n_train + n_val], encoded[n_train + n_val :], data.path
+        )
+
+    def split(self, name: str) -> list[Pair]:
+        if name == "all":
+            return self.train + self.val + self.test
+        if name not in ("train", "val", "test"):
+            raise UsageError(f"split must be one of train, val, test or all, got {name!r}")
+        if name == "test" and not self.test:
+            raise UsageError(f"{self.source} has no test split: set data.test_fraction or data.test_size when training")
+        return getattr(self, name)
+
+    def check_windows(self, block_size: int, source: str) -> None:
+        for name in ("train", "val"):
+            if not getattr(self, name):
+                raise UsageError(
+                    f"{source} has too few lines: its {name} split is empty; add lines or change data.val_fraction"
+                )
+
+
+def pad_batch(pairs: list[Pair], device: torch.device) -> tuple[tuple[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """((source (B, S), BOS + target (B, T)), target + EOS (B, T)): PAD after short sources and inputs, IGNORE after
+    short targets, so padding is never attended to (sources) or scored (targets)."""
+    S = max(len(s) for s, _ in pairs)
+    T = max(len(t) for _, t in pairs) + 1
+    src = torch.full((len(pairs), S), PAD, dtype=torch.long)
+    tgt_in = torch.full((len(pairs), T), PAD, dtype=torch.long)
+    targets = torch.full((len(pairs), T), IGNORE, dtype=torch.long)
+    for i, (s, t) in enumerate(pairs):
+        src[i, : len(s)] = torch.tensor(s)
+        tgt_in[i, : len(t) + 1] = torch.tensor([BOS, *t])
+        targets[i, : len(t) + 1] = torch.tensor([*t, EOS])
+    return (src.to(device), tgt_in.to(device)), targets.to(device)
+
+
+class PairBatches:
+    """Training batches of pairs of similar lengths, drawn with a seeded generator (the text format's RandomWindows).
+
+    The lines are ordered by length once. Each pass over them cuts that order into runs of batch_size neighbours
+    (from a random offset, so the cuts move) and takes the runs in a random order: a batch is padded little (on
+    CMUdict, random batches were mostly padding: the longest of 64 words sets the width), and every line is
+    trained on once per pass. The generator, the pass's order and the place in it are the state a resume needs.
+    """
+
+    def __init__(self, pairs: list[Pair], batch_size: int, device: torch.device, seed: int):
+        self.pairs, self.batch_size, self.device = pairs, min(batch_size, len(pairs)), device
+        self.by_length = sorted(range(len(pairs)), key=lambda i: (len(pairs[i][1]), len(pairs[i][0])))
+        self.generator = torch.Generator().manual_seed(seed)
+        self.order: list[int] = []  # where each run of this pass starts in by_length (the first may be negative)
+        self.cursor = 0
+        self.last_tokens = 0  # target characters (with EOS) of the last batch: what a step trained on
+
+    def next_batch(self) -> tuple[tuple[torch.Tensor, torch.Tensor], torch.Tensor]:
+        if self.cursor >= len(self.order):  # a new pass
+            offset = int(torch.randint(self.batch_size, (1,), generator=self.generator))
+            starts = list(range(-offset, len(self.pairs), self.batch_size))
+            self.order = [starts[i] for i in torch.randperm(len(starts), generator=self.generator).tolist()]
+            self.cursor = 0
+        start = self.order[self.cursor]
+        self.cursor += 1
+        batch = [self.pairs[i] for i in self.by_length[max(start, 0) : start + self.batch_size]]
+        self.last_tokens = sum(len(t) + 1 for _, t in batch)
+        return pad_batch(batch, self.device)
+
+    def state_dict(self) -> dict:
+        return {"generator": self.generator.get_state(), "order": list(self.order), "cursor": self.cursor}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.generator.set_state(state["generator"])
+        self.order, self.cursor = list(state.get("order", [])), int(state.get("cursor", 0))
+
+
+def in_batches(pairs: list[Pair], batch_size: int) -> Iterator[list[Pair]]:
+    """Batches in order of length (less padding), for scoring and decoding."""
+    order = sorted(range(len(pairs)), key=lambda i: (len(pairs[i][0]), len(pairs[i][1])))
+    for i in range(0, len(order), batch_size):
+        yield [pairs[j] for j in order[i : i + batch_size]]
+
+
+@torch.no_grad()
+def pairs_total(
+    model: nn.Module,
+    pairs: list[Pair],
+    device: torch.device,
+    batch_size: int = 64,
+    amp_dtype: torch.dtype | None = None,
+) -> tuple[float, int]:
+    """Summed cross-entropy (nats) over every target character and EOS, and how many there were."""
+    was_training = model.training
+    model.eval()
+    total = torch.zeros((), dtype=torch.float64, device=device)
+    count = 0
+    for batch in in_batches(pairs, batch_size):
+        (src, tgt_in), targets = pad_batch(batch, device)
+        with autocast(device, amp_dtype):
+            _, loss = model(src, tgt_in, targets)
+        scored = sum(len(t) + 1 for _, t in batch)
+        total += loss.double() * scored
+        count += scored
+    model.train(was_training)
+    return total.item(), count

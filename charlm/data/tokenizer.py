@@ -1,0 +1,168 @@
+"""Tokenizers: characters (ids are positions in the sorted set of the training text's characters) or raw bytes."""
+
+from __future__ import annotations
+
+import codecs
+import json
+from typing import ClassVar, Literal, Union
+
+from charlm.errors import UsageError
+
+UnknownPolicy = Literal["error", "skip", "replace"]
+UNKNOWN_POLICIES = ("error", "skip", "replace")
+TokenizerKind = Literal["char", "byte"]
+REPLACEMENT = "\ufffd"  # what a byte sequence that is not UTF-8 shows as
+
+# The special ids of framed sequences (paired data: a target starts after BOS and ends with EOS; batches pad with
+# PAD), the first three ids of such a vocabulary.
+PAD, BOS, EOS = 0, 1, 2
+SPECIAL_CHARS = ["\x00", "\x02", "\x03"]  # NUL, STX, ETX: the characters of ids 0, 1, 2 in a paired vocabulary
+
+
+
+def check_unknown_policy(unknown: str) -> None:
+    if unknown not in UNKNOWN_POLICIES:
+        raise UsageError(f"unknown-character policy must be one of {', '.join(UNKNOWN_POLICIES)}, got {unknown!r}")
+
+
+class CharTokenizer:
+    """One id per distinct character of the training text; text must be valid UTF-8."""
+
+    kind: TokenizerKind = "char"
+    unit = "char"
+
+    def __init__(self, chars: str | list[str]):
+        chars = list(chars)
+        if not chars:
+            raise UsageError("cannot build a vocabulary from an empty text")
+        if len(set(chars)) != len(chars) or any(len(c) != 1 for c in chars):
+            raise UsageError("a vocabulary must list distinct single characters")
+        self.chars = chars
+        self.stoi = {c: i for i, c in enumerate(chars)}
+
+    @classmethod
+    def from_text(cls, text: str) -> CharTokenizer:
+        return cls(sorted(set(text)))  # sorted, so the same text always gives the same ids
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.chars)
+
+    def encode(self, text: str, unknown: UnknownPolicy = "error", replacement: str | None = None) -> list[int]:
+        check_unknown_policy(unknown)
+        stoi = self.stoi
+        if all(c in stoi for c in set(text)):
+            return [stoi[c] for c in text]
+        if unknown == "error":
+            raise UsageError(self._unknown_message(text))
+        if unknown == "skip":
+            return [stoi[c] for c in text if c in stoi]
+        fill = self._replacement_id(replacement)
+        return [stoi.get(c, fill) for c in text]
+
+    def decode(self, ids: list[int]) -> str:
+        return "".join(self.chars[i] for i in ids)
+
+    def stream_decoder(self) -> StreamDecoder:
+        return StreamDecoder(self)
+
+    def replaced(self, ids: list[int]) -> int:
+        """Characters shown as U+FFFD because the ids are not valid text: never, for characters."""
+        return 0
+
+    def unknown_chars(self, text: str) -> list[str]:
+        return sorted(set(text) - self.stoi.keys())
+
+    def _replacement_id(self, replacement: str | None) -> int:
+        if replacement is None:
+            replacement = " " if " " in self.stoi else self.chars[0]
+        if replacement not in self.stoi:
+            raise UsageError(f"the replacement character {replacement!r} is not in the vocabulary; choose one that is")
+        return self.stoi[replacement]
+
+    def _unknown_message(self, text: str) -> str:
+        unknown = self.unknown_chars(text)
+        shown = ", ".join(f"{c!r} (U+{ord(c):04X}) at position {text.index(c)}" for c in unknown[:10])
+        more = f" and {len(unknown) - 10} more" if len(unknown) > 10 else ""
+        return (
+            f"{len(unknown)} character(s) not in the model's vocabulary: {shown}{more}; "
+            "use --unknown skip or --unknown replace to accept them"
+        )
+
+    # JSON round-trip (never pickle): the vocabulary is just its characters in id order.
+    def to_json(self) -> str:
+        return json.dumps({"chars": self.chars}, ensure_ascii=False)
+
+    @classmethod
+    def from_json(cls, text: str) -> CharTokenizer:
+        try:
+            chars = json.loads(text)["chars"]
+        except (ValueError, KeyError, TypeError) as e:
+            raise UsageError(f"not a charlm vocabulary (expected JSON with a 'chars' list): {e}") from e
+        if not isinstance(chars, list) or not all(isinstance(c, str) for c in chars):
+            raise UsageError("not a charlm vocabulary: 'chars' must be a list of characters")
+        return cls(chars)
+
+
+class ByteTokenizer:
+    """Ids are byte values (0-255): any file is accepted, text is its UTF-8 encoding, and output bytes that are not
+    valid UTF-8 are shown as U+FFFD (counted by `replaced`)."""
+
+    kind: TokenizerKind = "byte"
+    unit = "byte"
+    vocab_size = 256
+    chars: ClassVar[list[str]] = [
+        chr(b) for b in range(256)
+    ]  # labels only (Latin-1); decode() is the real reading of ids
+
+    def encode(self, text: str, unknown: UnknownPolicy = "error", replacement: str | None = None) -> list[int]:
+        check_unknown_policy(unknown)  # every text has bytes: nothing is ever unknown
+        return list(text.encode("utf-8"))
+
+    def decode(self, ids: list[int]) -> str:
+        return bytes(ids).decode("utf-8", errors="replace")
+
+    def stream_decoder(self) -> StreamDecoder:
+        return StreamDecoder(self)
+
+    def replaced(self, ids: list[int]) -> int:
+        """How many U+FFFD the decoded text holds beyond those the bytes really encode (EF BF BD)."""
+        raw = bytes(ids)
+        return raw.decode("utf-8", errors="replace").count(REPLACEMENT) - raw.count(REPLACEMENT.encode())
+
+    def unknown_chars(self, text: str) -> list[str]:
+        return []
+
+    def to_json(self) -> str:
+        return json.dumps({"bytes": True})
+
+
+Tokenizer = Union[CharTokenizer, ByteTokenizer]
+
+
+class StreamDecoder:
+    """Text for ids arriving one at a time: a character split over several bytes appears once it is whole."""
+
+    def __init__(self, tokenizer: Tokenizer):
+        self.tokenizer = tokenizer
+        self.bytes = codecs.getincrementaldecoder("utf-8")(errors="replace") if tokenizer.kind == "byte" else None
+
+    def feed(self, token: int) -> str:
+        if self.bytes is None:
+            return self.tokenizer.chars[token]
+        return self.bytes.decode(bytes((token,)))
+
+    def flush(self) -> str:
+        """What is left at the end: an unfinished byte sequence shows as U+FFFD."""
+        return self.bytes.decode(b"", final=True) if self.bytes is not None else ""
+
+
+def make_tokenizer(kind: str, vocab: list | None) -> Tokenizer:
+    """The tokenizer a config and a saved vocabulary describe (the one place that decides)."""
+    if kind == "byte":
+        return ByteTokenizer()
+    return CharTokenizer(vocab or [])
+
+
+def tokenizer_from_json(kind: str, text: str) -> Tokenizer:
+    return ByteTokenizer() if kind == "byte" else CharTokenizer.from_json(text)

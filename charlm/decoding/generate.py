@@ -1,0 +1,225 @@
+"""Text generation: a KV-cached decoding loop (and a plain reference loop), stop strings, streaming.
+
+Windowing policy. Every position sees at most block_size characters: itself and those before it.
+- Absolute positions (learned, sinusoidal): when the text no longer fits, the window jumps forward to keep only the
+  last block_size // 2 characters, which are re-encoded once; the next block_size // 2 characters are then decoded
+  from the cache. A prompt longer than the context is treated the same way.
+- Relative positions (RoPE, ALiBi): the window rolls forward one character per step; the cache drops its oldest
+  position and nothing is re-encoded. Each position keeps the keys and values it had when it was decoded, so the
+  model acts as a sliding-window Transformer over the whole text.
+Both loops follow the same policy, so under greedy decoding they produce the same text.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from charlm.config.schema import SampleConfig
+from charlm.data.tokenizer import Tokenizer, UnknownPolicy
+from charlm.decoding.compiled import compiled_decoder
+from charlm.decoding.sampling import sample_next
+from charlm.errors import UsageError
+from charlm.models.decoder import GPT
+from charlm.models.kvcache import KVCache, StaticCache
+
+ChooseNext = Callable[[torch.Tensor], torch.Tensor]  # logits (B, V) -> ids (B,)
+
+
+def window_start(length: int, start: int, block_size: int) -> int:
+    """Where the model's window begins once the text is `length` long (it began at `start`)."""
+    if length - start > block_size:
+        return length - max(1, block_size // 2)
+    return start
+
+
+@torch.inference_mode()
+def generate_ids(
+    model: GPT,
+    prompt: list[int],
+    max_new_tokens: int,
+    batch: int,
+    choose: ChooseNext,
+    use_cache: bool = True,
+    compile: bool = False,
+) -> Iterator[torch.Tensor]:
+    """Yield the next ids (B,) step by step, every row continuing the same prompt; `compile`: single positions go
+    through a compiled step with a cache of its own (charlm/decoding/compiled.py)."""
+    refuse_compile_without_cache(compile, use_cache)
+    device, dtype = next(model.parameters()).device, next(model.parameters()).dtype
+    tokens = torch.empty(batch, len(prompt) + max_new_tokens, dtype=torch.long, device=device)
+    tokens[:, : len(prompt)] = torch.tensor(prompt, dtype=torch.long, device=device)
+    if compile:
+        with compiled_decoder(model, batch, device, dtype) as decoder:
+            yield from _decode(model, tokens, len(prompt), choose, decoder.cache, decoder.step)
+        return
+    cache = model.new_cache(batch, device, dtype) if use_cache else None
+    yield from _decode(model, tokens, len(prompt), choose, cache, lambda ids: model(ids, cache=cache)[0])
+
+
+def _decode(
+    model: GPT,
+    tokens: torch.Tensor,
+    n: int,
+    choose: ChooseNext,
+    cache: KVCache | StaticCache | None,
+    decode_one: Callable[[torch.Tensor], torch.Tensor],
+) -> Iterator[torch.Tensor]:
+    """Fill tokens (B, L) from position n on, yielding each step's ids (B,): first chunks (and re-encoded windows)
+    through model(), single new positions through decode_one; with no cache, the whole window every step."""
+    block_size, start, reach = model.config.block_size, 0, model.reach
+    for _ in range(tokens.size(1) - n):
+        if model.relative_positions:
+            first = max(0, n - reach)
+            if cache is None or cache.length == 0:  # reference every step, or the cached path's first chunk
+                logits = model(tokens[:, first:n], cache=cache, start_pos=first)[0]
+            else:
+                logits = decode_one(tokens[:, n - 1 : n])  # one new position; the oldest rolls out
+        else:
+            new_start = window_start(n, start, block_size)
+            if cache is None:
+                logits = model(tokens[:, new_start:n])[0]  # reference: the whole window, every step
+            elif new_start != start or cache.length == 0:
+                cache.reset()  # (re-)encode the window once
+                logits = model(tokens[:, new_start:n], cache=cache)[0]
+            else:
+                logits = decode_one(tokens[:, n - 1 : n])  # one new position
+            start = new_start
+        next_ids = choose(logits[:, -1])  # (B,)
+        tokens[:, n] = next_ids
+        n += 1
+        yield next_ids
+
+
+def refuse_compile_without_cache(compile: bool, use_cache: bool) -> None:
+    """The compiled step is the cached one's: --compile with --no-cache is a contradiction, told in one line."""
+    if compile and not use_cache:
+        raise UsageError("--compile compiles the cached decoding step: leave out --no-cache")
+
+
+def teacher_forced(model: GPT, ids: torch.Tensor, compile: bool = False) -> tuple[list[int], float]:
+    """Decode the text `ids` (N,) one character at a time through the cached loop, always feeding the text's own next
+    character: the model's first choice at each of the N - 1 steps, and its mean loss (nats) over them. Two
+    versions of a model (float32 and int8 weights) compared this way meet the same contexts at every step."""
+    firsts: list[int] = []
+    total = torch.zeros((), dtype=torch.float64)
+
+    def teacher(logits: torch.Tensor) -> torch.Tensor:  # logits (1, V)
+        nonlocal total
+        target = ids[len(firsts) + 1 : len(firsts) + 2]  # (1,)
+        firsts.append(int(logits[0].argmax()))
+        total -= torch.log_softmax(logits[0].double(), dim=-1)[target[0]]
+        return target
+
+    for _ in generate_ids(model, [int(ids[0])], len(ids) - 1, 1, teacher, compile=compile):
+        pass
+    return firsts, float(total) / max(1, len(ids) - 1)
+
+
+@dataclass
+class SampleOptions:
+    max_new_tokens: int = 500
+    temperature: float = 0.8
+    top_k: int | None = None
+    top_p: float = 1.0
+    seed: int | None = None
+    num_samples: int = 1
+    stop: list[str] = field(default_factory=list)
+    use_cache: bool = True
+    compile: bool = False  # single positions through a compiled step (charlm/decoding/compiled.py); needs use_cache
+
+    @classmethod
+    def from_config(cls, defaults: SampleConfig, **overrides: Any) -> SampleOptions:
+        """The checkpoint's sample section, with every override that is not None on top."""
+        values = {k: getattr(defaults, k) for k in ("max_new_tokens", "temperature", "top_k", "top_p")}
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)
+
+
+@dataclass
+class SampleResult:
+    samples: list[str]  # each starts with the prompt
+    generated_chars: int  # tokens generated (characters, or bytes), over all samples, up to their stop strings
+    seconds: float  # generation time (model loading and compiling excluded)
+    replaced: int = 0  # byte models: characters shown as U+FFFD because the bytes were not valid UTF-8
+    compile_seconds: float = 0.0  # SampleOptions.compile: seconds compiling the step took (0: it was compiled before)
+
+    @property
+    def chars_per_s(self) -> float:
+        return self.generated_chars / self.seconds if self.seconds > 0 else 0.0
+
+
+def encode_prompt(tokenizer: Tokenizer, prompt: str, unknown: UnknownPolicy, replacement: str | None) -> list[int]:
+    if not prompt:
+        raise UsageError("the prompt is empty; give at least one character (the default prompt is a newline)")
+    ids = tokenizer.encode(prompt, unknown, replacement)
+    if not ids:
+        raise UsageError("no prompt character is in the model's vocabulary, so nothing is left to start from")
+    return ids
+
+
+def sample(
+    model: GPT,
+    tokenizer: Tokenizer,
+    prompt_ids: list[int],
+    options: SampleOptions,
+    on_text: Callable[[str], None] | None = None,
+) -> SampleResult:
+    """Generate num_samples continuations in one batch; on_text streams sample 0's new characters."""
+    device = next(model.parameters()).device
+    generator = torch.Generator(device=device)
+    generator.manual_seed(options.seed if options.seed is not None else torch.seed())
+
+    def choose(logits: torch.Tensor) -> torch.Tensor:
+        return sample_next(logits, generator, options.temperature, options.top_k, options.top_p)
+
+    prompt = tokenizer.decode(prompt_ids)
+    texts: list[list[str]] = [[] for _ in range(options.num_samples)]
+    ids: list[list[int]] = [[] for _ in range(options.num_samples)]
+    decoders = [tokenizer.stream_decoder() for _ in range(options.num_samples)]  # bytes: whole characters only
+    done = [False] * options.num_samples
+    longest_stop = max((len(s) for s in options.stop), default=0)
+    model.eval()
+    compile_seconds = 0.0
+    refuse_compile_without_cache(options.compile, options.use_cache)
+    if options.compile:
+        device, dtype = next(model.parameters()).device, next(model.parameters()).dtype
+        with compiled_decoder(model, options.num_samples, device, dtype) as compiled:
+            compile_seconds = compiled.warm_up()
+    started = time.perf_counter()
+    steps = generate_ids(
+        model, prompt_ids, options.max_new_tokens, options.num_samples, choose, options.use_cache, options.compile
+    )
+    for next_ids in steps:
+        for i, token in enumerate(next_ids.tolist()):
+            if done[i]:
+                continue
+            ids[i].append(token)
+            char = decoders[i].feed(token)
+            if not char:
+                continue
+            texts[i].append(char)
+            if i == 0 and on_text:
+                on_text(char)
+            if longest_stop and _ends_with_stop(texts[i], options.stop, longest_stop):
+                done[i] = True
+        if all(done):
+            break
+    for i, decoder in enumerate(decoders):
+        if not done[i] and (tail := decoder.flush()):
+            texts[i].append(tail)
+            if i == 0 and on_text:
+                on_text(tail)
+    seconds = time.perf_counter() - started
+    replaced = sum(tokenizer.replaced(prompt_ids + sample_ids) for sample_ids in ids)
+    samples = [prompt + "".join(t) for t in texts]
+    return SampleResult(samples, sum(len(t) for t in ids), seconds, replaced, compile_seconds)
+
+
+def _ends_with_stop(chars: list[str], stops: list[str], longest: int) -> bool:
+    tail = "".join(chars[-longest:])
+    return any(tail.endswith(s) for s in stops)

@@ -1,0 +1,219 @@
+"""Rewriting sources into targets with an encoder–decoder: batched greedy or sampled decoding, beam search, and the
+metrics of transduction (exact match, character and token error rates).
+
+The encoder runs once per batch of sources; the decoder is KV-cached, one new character per step for every row.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+import torch
+
+from charlm.data.pairs import Pair, pad_batch, pairs_total
+from charlm.data.tokenizer import BOS, EOS, PAD
+from charlm.decoding.sampling import sample_next
+from charlm.models.encoder_decoder import EncoderDecoder
+
+
+@dataclass
+class DecodeOptions:
+    beam: int = 1  # 1: greedy (temperature 0) or sampled; N > 1: beam search, length-normalised
+    temperature: float = 0.0
+    top_k: int | None = None
+    top_p: float = 1.0
+    seed: int | None = None
+    max_len: int | None = None  # target characters at most (default: the model's block_size - 1)
+    batch_size: int = 64
+
+
+@torch.no_grad()
+def transduce(model: EncoderDecoder, sources: list[list[int]], options: DecodeOptions) -> list[list[int]]:
+    """The target ids (without BOS/EOS) for every source, in the order given."""
+    model.eval()
+    device = next(model.parameters()).device
+    generator = torch.Generator(device=device)
+    generator.manual_seed(options.seed if options.seed is not None else torch.seed())  # no seed: a fresh draw
+    results: dict[int, list[int]] = {}
+    order = sorted(range(len(sources)), key=lambda i: len(sources[i]))  # similar lengths together: less padding
+    for first in range(0, len(order), options.batch_size):
+        chosen = order[first : first + options.batch_size]
+        batch = [sources[i] for i in chosen]
+        if options.beam > 1:
+            outputs = beam_batch(model, batch, options)
+        else:
+            outputs = _decode_batch(model, batch, options, generator)
+        results.update(zip(chosen, outputs, strict=True))
+    return [results[i] for i in range(len(sources))]
+
+
+def _limit(model: EncoderDecoder, options: DecodeOptions) -> int:
+    room = model.config.block_size - 1  # BOS takes the first position
+    return min(options.max_len, room) if options.max_len is not None else room
+
+
+def _decode_batch(
+    model: EncoderDecoder, sources: list[list[int]], options: DecodeOptions, generator: torch.Generator
+) -> list[list[int]]:
+    device = next(model.parameters()).device
+    (src, _), _ = pad_batch([(s, []) for s in sources], device)
+    encoded, key_mask = model.encode(src)  # once per source
+    memory = model.memory(encoded)
+    cache = model.new_cache(len(sources), device)
+    token = torch.full((len(sources), 1), BOS, dtype=torch.long, device=device)  # (B, 1)
+    out: list[list[int]] = [[] for _ in sources]
+    done = torch.zeros(len(sources), dtype=torch.bool, device=device)
+    for _ in range(_limit(model, options)):
+        logits = model.decode(token, memory, key_mask, cache)[:, -1].float()  # (B, V)
+        logits[:, [PAD, BOS]] = -math.inf  # never written inside a target
+        nxt = sample_next(logits, generator, options.temperature, options.top_k, options.top_p)  # (B,)
+        for row, t in enumerate(nxt.tolist()):
+            if not done[row] and t != EOS:
+                out[row].append(t)
+        done |= nxt == EOS
+        if bool(done.all()):
+            break
+        token = nxt[:, None]
+    return out
+
+
+def beam_search(model: EncoderDecoder, source: list[int], options: DecodeOptions) -> list[int]:
+    """One source's best target by beam search (see beam_batch)."""
+    return beam_batch(model, [source], options)[0]
+
+
+def beam_batch(model: EncoderDecoder, sources: list[list[int]], options: DecodeOptions) -> list[list[int]]:
+    """Beam search for a batch of sources at once: row b·N + k of the decoder holds beam k of source b.
+
+    A hypothesis ends at EOS; the best is the one with the highest mean log-probability per character (EOS
+    included), so short hypotheses are not favoured merely for having fewer terms (length normalisation). A
+    source stops once N hypotheses have ended and no live one scores better than the best ended one so far.
+    """
+    device = next(model.parameters()).device
+    B, N, limit = len(sources), options.beam, _limit(model, options)
+    (src, _), _ = pad_batch([(s, []) for s in sources], device)
+    encoded, key_mask = model.encode(src)  # once per source, then shared by its N rows
+    memory = model.memory(encoded.repeat_interleave(N, dim=0))
+    key_mask = key_mask.repeat_interleave(N, dim=0)
+    cache = model.new_cache(B * N, device)
+    scores = torch.full((B, N), -math.inf, device=device)
+    scores[:, 0] = 0.0  # one live beam to begin with: no duplicates
+    beams: list[list[list[int]]] = [[[] for _ in range(N)] for _ in range(B)]
+    finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(B)]
+    done = [False] * B
+    token = torch.full((B * N, 1), BOS, dtype=torch.long, device=device)
+    for length in range(1, limit + 2):
+        logits = model.decode(token, memory, key_mask, cache)[:, -1].float()  # (B·N, V)
+        logits[:, [PAD, BOS]] = -math.inf  # never written inside a target
+        logp = torch.log_softmax(logits, dim=-1)
+        V = logp.size(-1)
+        if length > limit:  # no room for another character: every live hypothesis ends here, with its EOS
+            ends = (scores + logp[:, EOS].view(B, N)).tolist()
+            for b in range(B):
+                if not done[b]:
+                    finished[b] += [(ends[b][k] / length, beams[b][k]) for k in range(N) if ends[b][k] > -math.inf]
+            break
+        total = (scores[:, :, None] + logp.view(B, N, V)).view(B, N * V)
+        best = total.topk(min(2 * N, N * V), dim=-1)  # room for those that end here
+        values, indices = best.values.tolist(), best.indices.tolist()
+        rows, next_tokens, next_scores = [], [], []
+        for b in range(B):
+            live: list[tuple[int, int]] = []  # (beam it continues, token)
+            live_scores: list[float] = []
+            for score, index in zip(values[b], indices[b], strict=True):
+                if done[b] or score == -math.inf:
+                    break
+                beam, t = divmod(index, V)
+                if t == EOS:
+                    finished[b].append((score / length, beams[b][beam]))
+                elif len(live) < N:
+                    live.append((beam, t))
+                    live_scores.append(score)
+            if not done[b]:
+                ended = max((f[0] for f in finished[b]), default=-math.inf)
+                settled = len(finished[b]) >= N and max(live_scores, default=-math.inf) / length <= ended
+                if not live or settled:
+                    done[b], live, live_scores = True, [], []
+                beams[b] = [beams[b][beam] + [t] for beam, t in live] + [[] for _ in range(N - len(live))]
+            next_scores.append(live_scores + [-math.inf] * (N - len(live_scores)))
+            live += [(0, EOS)] * (N - len(live))  # empty rows: scored -inf, never chosen
+            rows += [b * N + beam for beam, _ in live]
+            next_tokens += [t for _, t in live]
+        if all(done):
+            break
+        scores = torch.tensor(next_scores, device=device)
+        index = torch.tensor(rows, device=device)
+        cache.select_rows(index)
+        token = torch.tensor(next_tokens, device=device)[:, None]
+    return [max(f, key=lambda x: x[0])[1] if f else beams[b][0] for b, f in enumerate(finished)]
+
+
+# ---------------------------------------------------------------------------- metrics
+
+
+def edit_distance(a: list, b: list) -> int:
+    """Levenshtein distance: insertions, deletions and substitutions, each costing 1."""
+    previous = list(range(len(b) + 1))
+    for i, x in enumerate(a, start=1):
+        current = [i]
+        for j, y in enumerate(b, start=1):
+            current.append(min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (x != y)))
+        previous = current
+    return previous[-1]
+
+
+@dataclass
+class TransductionResult:
+    """`charlm eval` on pairs: target loss, and how often and how far the decoded targets miss the references."""
+
+    loss: float  # nats per target character (EOS included), teacher-forced
+    exact_match: float  # fraction of lines decoded exactly (word accuracy for G2P)
+    word_error_rate: float  # 1 - exact_match
+    char_error_rate: float  # edit distance over reference characters, summed over lines
+    token_error_rate: float | None  # the same over whitespace-separated tokens (phoneme error rate for G2P)
+    lines: int
+    chars: int  # target characters scored by the loss
+    split: str = "val"
+    file: str = ""
+    beam: int = 1
+
+    @property
+    def bpc(self) -> float:
+        return self.loss / math.log(2)
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "bpc": self.bpc}
+
+
+def score_pairs(
+    model: EncoderDecoder,
+    decode: Callable[[list[int]], str],
+    pairs: list[Pair],
+    options: DecodeOptions,
+    batch_size: int = 64,
+) -> TransductionResult:
+    """Teacher-forced loss and decoded metrics of `pairs`; `decode` turns target ids into text."""
+    device = next(model.parameters()).device
+    total, count = pairs_total(model, pairs, device, batch_size)
+    hypotheses = transduce(model, [s for s, _ in pairs], options)
+    exact = chars = char_errors = tokens = token_errors = 0
+    for (_, reference), hypothesis in zip(pairs, hypotheses, strict=True):
+        ref_text, hyp_text = decode(reference), decode(hypothesis)
+        exact += ref_text == hyp_text
+        chars += len(ref_text)
+        char_errors += edit_distance(list(ref_text), list(hyp_text))
+        tokens += len(ref_text.split())
+        token_errors += edit_distance(ref_text.split(), hyp_text.split())
+    has_tokens = any(" " in decode(t) for _, t in pairs)  # whitespace-separated targets: phonemes, words
+    return TransductionResult(
+        loss=total / count,
+        exact_match=exact / len(pairs),
+        word_error_rate=1 - exact / len(pairs),
+        char_error_rate=char_errors / max(chars, 1),
+        token_error_rate=token_errors / max(tokens, 1) if has_tokens else None,
+        lines=len(pairs),
+        chars=count,
+        beam=options.beam,
+    )

@@ -1,0 +1,382 @@
+"""`charlm serve`: a trained model behind OpenAI's completions API, a scoring and an attention endpoint, and the
+playground page, on FastAPI + uvicorn (the `serve` extra).
+
+Every refused request gets a 4xx and OpenAI's error shape, {"error": {"message", "type", "param", "code"}}, whose
+message is one line naming what is wrong; the server keeps serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import hmac
+import json
+import math
+import time
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from importlib import resources
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from charlm.api.model import Model
+from charlm.data.tokenizer import UnknownPolicy
+from charlm.errors import UsageError
+from charlm.evaluation.loss import surprisal
+from charlm.serving.engine import Completion, Engine, Piece, QueueFull
+from charlm.serving.requests import BadRequest, CompletionRequest, Limits, parse_completion, parse_text
+
+
+class Mailbox:
+    """The engine thread's events handed to the event loop: one wake-up for all that arrived since the last one.
+
+    The engine emits a character for every running completion each step; waking the loop once per character
+    (call_soon_threadsafe) costs more than the step itself once a dozen clients stream.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.loop, self.waiting, self.scheduled = loop, collections.deque(), False  # type: ignore[var-annotated]
+
+    def post(self, queue: asyncio.Queue, item: Any) -> None:  # any thread
+        self.waiting.append((queue, item))
+        if not self.scheduled:
+            self.scheduled = True
+            self.loop.call_soon_threadsafe(self._deliver)
+
+    def _deliver(self) -> None:  # the event loop
+        self.scheduled = False  # before draining: a post from now on schedules another delivery
+        while self.waiting:
+            queue, item = self.waiting.popleft()
+            queue.put_nowait(item)
+
+
+PAGE_FILES = {"index.html": "text/html", "playground.js": "text/javascript", "playground.css": "text/css"}
+OPEN_PATHS = {"/health", "/", "/favicon.ico"}  # no key needed: the page's own files hold no model data
+
+
+def error_body(message: str, param: str | None = None, code: str | None = None, kind: str = "invalid_request_error"):
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+class RequireKey:
+    """401 unless `Authorization: Bearer KEY`, except on /health and the page's files.
+
+    Plain ASGI rather than @app.middleware("http"), which would pass every streamed chunk through extra tasks.
+    """
+
+    def __init__(self, app: Any, key: str):
+        self.app, self.expected = app, f"Bearer {key}".encode()
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        path = scope.get("path", "")
+        if scope["type"] == "http" and path not in OPEN_PATHS and not path.startswith("/playground/"):
+            given = dict(scope["headers"]).get(b"authorization", b"")
+            if not hmac.compare_digest(given, self.expected):
+                what = "a wrong API key" if given else "no API key"
+                body = error_body(
+                    f"{what}: send the header 'Authorization: Bearer KEY' with the server's --api-key",
+                    kind="authentication_error",
+                    code="invalid_api_key",
+                )
+                await JSONResponse(body, status_code=401)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def create_app(
+    model: Model,
+    limits: Limits | None = None,
+    model_name: str = "charlm",
+    api_key: str | None = None,
+    unknown: UnknownPolicy = "error",
+    replace_with: str | None = None,
+) -> FastAPI:
+    """The ASGI app serving `model`; its engine thread starts with the app and stops with it."""
+    limits = limits or Limits()
+    state: dict[str, Any] = {}
+    created = int(model.path.stat().st_mtime) if model.path.exists() else int(time.time())
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        state["engine"] = Engine(model.decoder, model.tokenizer, limits.max_batch, limits.max_queue)
+        state["mailbox"] = Mailbox(asyncio.get_running_loop())
+        try:
+            yield
+        finally:
+            state["engine"].stop()
+
+    app = FastAPI(title="charlm", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+
+    @app.exception_handler(BadRequest)
+    async def refused(request: Request, e: BadRequest) -> JSONResponse:
+        return JSONResponse(error_body(e.message, e.param, e.code), status_code=e.status)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, e: StarletteHTTPException) -> JSONResponse:
+        message = f"{request.method} {request.url.path}: {e.detail}"
+        if e.status_code == 404:
+            message += "; the endpoints are /v1/completions, /v1/models, /v1/score, /v1/attention, /health and /"
+        return JSONResponse(error_body(message), status_code=e.status_code)
+
+    if api_key:
+        app.add_middleware(RequireKey, key=api_key)
+
+    async def read_json(request: Request) -> Any:
+        declared = request.headers.get("content-length")
+        if declared and declared.isdigit() and int(declared) > limits.max_body:
+            raise BadRequest(413, f"the body has {declared} bytes; the limit is {limits.max_body} (--max-body)")
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limits.max_body:
+                raise BadRequest(413, f"the body is over the limit of {limits.max_body} bytes (--max-body)")
+            chunks.append(chunk)
+        try:
+            return json.loads(b"".join(chunks))
+        except (ValueError, UnicodeDecodeError) as e:
+            raise BadRequest(400, f"the body is not valid JSON ({e})") from None
+
+    def encode(text: str, param: str) -> list[int]:
+        try:
+            return model.encode_prompt(text, unknown, replace_with)
+        except UsageError as e:
+            raise BadRequest(400, str(e), param, "unknown_character") from None
+
+    def check_model(name: Any) -> None:
+        if name is not None and name != model_name:
+            raise BadRequest(
+                404, f"model {name!r} is not served here; this server serves {model_name!r}", "model", "model_not_found"
+            )
+
+    async def on_engine(fn: Any) -> Any:
+        try:
+            return await asyncio.wrap_future(state["engine"].call(fn))
+        except UsageError as e:
+            raise BadRequest(400, str(e)) from None
+
+    # -- endpoints -------------------------------------------------------------------------------
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        return {"status": "ok", "model": model_name, **state["engine"].load()}
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        m = model.config.model
+        card = {
+            "id": model_name,
+            "object": "model",
+            "created": created,
+            "owned_by": "charlm",
+            "context": m.block_size,
+            "vocab_size": model.tokenizer.vocab_size,
+            "unit": model.tokenizer.unit,
+            "layers": m.n_layer,
+            "width": m.n_embd,
+            "parameters": model.module.num_params(),
+        }
+        return {"object": "list", "data": [card]}
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        req = parse_completion(await read_json(request), limits)
+        check_model(req.model)
+        prompt_ids = [encode(p, "prompt") for p in req.prompts]
+        mailbox, events = state["mailbox"], asyncio.Queue()  # type: ignore[var-annotated]
+
+        def emitter(index: int) -> Any:
+            return lambda kind, value: mailbox.post(events, (index, kind, value))
+
+        jobs = [
+            Completion(
+                ids,
+                req.max_tokens,
+                req.temperature,
+                req.top_k,
+                req.top_p,
+                req.stop,
+                None if req.seed is None else req.seed + j,
+                req.logprobs,
+                emitter(i * req.n + j),
+            )
+            for i, ids in enumerate(prompt_ids)
+            for j in range(req.n)
+        ]
+        try:
+            state["engine"].submit(jobs)
+        except QueueFull as e:
+            raise BadRequest(429, str(e), code="queue_full") from None
+        reply = Reply(req, jobs, prompt_ids, model_name, [len(p) for p in req.prompts])
+        if req.stream:
+            return StreamingResponse(reply.stream(events), media_type="text/event-stream")
+        try:
+            return JSONResponse(await reply.whole(events, request))
+        finally:
+            reply.cancel()
+
+    @app.post("/v1/score")
+    async def score(request: Request) -> dict[str, Any]:
+        body = await read_json(request)
+        check_model(body.get("model") if isinstance(body, dict) else None)
+        ids = encode(parse_text(body, limits), "text")
+        if len(ids) < 2:
+            raise BadRequest(400, "text needs at least 2 characters: the first one has nothing before it", "text")
+        nats = await on_engine(lambda: surprisal(model.module, ids, model.config.model.block_size))
+        tokens = [model.tokenizer.decode([i]) for i in ids]
+        mean = sum(nats) / len(nats)
+        return {
+            "model": model_name,
+            "unit": model.tokenizer.unit,
+            "tokens": tokens,
+            "surprisal_bits": [None] + [round(x / math.log(2), 4) for x in nats],
+            "nats_per_char": mean,
+            "bits_per_char": mean / math.log(2),
+            "scored": len(nats),
+        }
+
+    @app.post("/v1/attention")
+    async def attention(request: Request) -> dict[str, Any]:
+        body = await read_json(request)
+        check_model(body.get("model") if isinstance(body, dict) else None)
+        prompt = parse_text(body, limits, field="prompt")
+        ids = encode(prompt, "prompt")
+        weights = await on_engine(lambda: model.attention(prompt, unknown))
+        chars = [model.tokenizer.decode([i]) for i in ids]
+        return {
+            "chars": chars,
+            "layers": list(range(weights.size(0))),
+            "heads": list(range(weights.size(1))),
+            "weights": weights.tolist(),
+        }
+
+    @app.get("/")
+    async def page() -> Response:
+        return page_file("index.html")
+
+    @app.get("/playground/{name}")
+    async def page_asset(name: str) -> Response:
+        return page_file(name)
+
+    return app
+
+
+def page_file(name: str) -> Response:
+    if name not in PAGE_FILES:
+        raise BadRequest(404, f"no playground file {name!r}")
+    text = resources.files("charlm.serving").joinpath("playground").joinpath(name).read_text(encoding="utf-8")
+    return Response(text, media_type=PAGE_FILES[name], headers={"Cache-Control": "no-cache"})
+
+
+class Reply:
+    """One completions request's answer: OpenAI's response object, or its stream of chunks."""
+
+    def __init__(self, req: CompletionRequest, jobs: list[Completion], prompt_ids: list, name: str, offsets: list):
+        self.req, self.jobs, self.name = req, jobs, name
+        self.prompt_tokens = sum(len(ids) for ids in prompt_ids)
+        self.offsets = [offsets[i // req.n] for i in range(len(jobs))]  # text_offset: after the prompt
+        self.id, self.created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+
+    def cancel(self) -> None:
+        for job in self.jobs:
+            job.cancelled.set()
+
+    def logprobs(self, index: int, piece: Piece) -> dict[str, Any] | None:
+        if self.req.logprobs is None:
+            return None
+        offsets = []
+        for lp in piece.logprobs:
+            offsets.append(self.offsets[index])
+            self.offsets[index] += len(lp["token"]) if not lp["token"].startswith("bytes:") else 0
+        return {
+            "tokens": [lp["token"] for lp in piece.logprobs],
+            "token_logprobs": [lp["logprob"] for lp in piece.logprobs],
+            "top_logprobs": [lp["top"] for lp in piece.logprobs],
+            "text_offset": offsets,
+        }
+
+    def envelope(self, choices: list[dict[str, Any]]) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "object": "text_completion",
+            "created": self.created,
+            "model": self.name,
+            "choices": choices,
+        }
+
+    def usage(self) -> dict[str, int]:
+        generated = sum(job.generated for job in self.jobs)
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": generated,
+            "total_tokens": self.prompt_tokens + generated,
+        }
+
+    async def stream(self, events: asyncio.Queue) -> AsyncIterator[str]:
+        """Server-sent events in OpenAI's chunk format, ending with data: [DONE]; a client gone cancels its jobs."""
+        try:
+            remaining = len(self.jobs)
+            while remaining:
+                chunks, ready = [], [await events.get()]
+                while not events.empty():  # all that is ready goes out in one write
+                    ready.append(events.get_nowait())
+                for index, kind, value in ready:
+                    remaining -= kind != "text"
+                    if kind == "error":
+                        chunks.append(sse(error_body(value, kind="server_error")))
+                        continue
+                    done = kind == "done"
+                    text = "" if done else value.text
+                    lp = None if done else self.logprobs(index, value)
+                    choice = {"text": text, "index": index, "logprobs": lp, "finish_reason": value if done else None}
+                    chunks.append(sse(self.envelope([choice])))
+                yield "".join(chunks)
+            if self.req.include_usage:
+                yield sse({**self.envelope([]), "usage": self.usage()})
+            yield "data: [DONE]\n\n"
+        finally:
+            self.cancel()
+
+    async def whole(self, events: asyncio.Queue, request: Request) -> dict[str, Any]:
+        texts: list[list[str]] = [[] for _ in self.jobs]
+        lps: list[list[dict]] = [[] for _ in self.jobs]
+        reasons: list[str | None] = [None] * len(self.jobs)
+        remaining = len(self.jobs)
+        while remaining:
+            try:
+                index, kind, value = await asyncio.wait_for(events.get(), timeout=0.5)
+            except asyncio.TimeoutError:
+                if await request.is_disconnected():  # nobody to answer: free the rows now
+                    self.cancel()
+                    return {}
+                continue
+            if kind == "error":
+                raise BadRequest(500, value, code="server_error")
+            if kind == "done":
+                reasons[index], remaining = value, remaining - 1
+            else:
+                texts[index].append(value.text)
+                if (lp := self.logprobs(index, value)) is not None:
+                    lps[index].append(lp)
+        choices = [
+            {
+                "text": "".join(t),
+                "index": i,
+                "logprobs": merge_logprobs(lps[i]) if self.req.logprobs is not None else None,
+                "finish_reason": reasons[i],
+            }
+            for i, t in enumerate(texts)
+        ]
+        return {**self.envelope(choices), "usage": self.usage()}
+
+
+def merge_logprobs(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    keys = ("tokens", "token_logprobs", "top_logprobs", "text_offset")
+    return {key: [item for part in parts for item in part[key]] for key in keys}
+
+
+def sse(payload: dict[str, Any]) -> str:
+    return f"data: {json.dumps(payload)}\n\n"

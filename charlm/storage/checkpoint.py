@@ -1,0 +1,151 @@
+"""Self-contained checkpoints: what they hold, written atomically, read with torch.load(weights_only=True), checked.
+
+A checkpoint is a dict of tensors and plain data: the resolved config, the vocabulary, the model's weights (the
+unwrapped model: no DDP or torch.compile prefixes) and, for `--resume`, the loop's RunState (storage.run_state) saved
+whole beside the RESUME_PARTS: the optimizer's, schedule's and GradScaler's states and every rank's random streams.
+"""
+
+from __future__ import annotations
+
+import pickle
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from charlm.config.schema import Config, config_from_dict
+from charlm.data.tokenizer import Tokenizer, make_tokenizer
+from charlm.errors import UsageError
+from charlm.files import atomic_write
+from charlm.models.registry import AnyModel, build_model
+from charlm.storage.run_state import RunState
+from charlm.version import __version__
+
+FORMAT_VERSION = 1
+REQUIRED_KEYS = ("format_version", "config", "vocab", "model", "step")
+RUNS_DIR = Path("runs")  # where `charlm train` puts run folders by default (relative to the working folder)
+# What an exact resume needs beyond the weights and the RunState: {"optimizer", "scheduler" (charlm.training.schedule),
+# "scaler" (the fp16 GradScaler's, or None), "ranks" (every rank's {"rng": ..., "sampler": ...})}.
+RESUME_PARTS = ("optimizer", "scheduler", "scaler", "ranks")
+
+
+def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
+    state = {"format_version": FORMAT_VERSION, "charlm_version": __version__, **state}
+    atomic_write(path, lambda f: torch.save(state, f))
+
+
+def save_training_checkpoint(
+    path: Path,
+    config: Config,
+    tokenizer: Tokenizer,
+    model: torch.nn.Module,
+    state: RunState,
+    parts: dict[str, Any],
+) -> None:
+    """A checkpoint that sample, eval and info read, and that `charlm train --resume` continues exactly."""
+    assert set(parts) == set(RESUME_PARTS), f"resume parts {sorted(parts)}"  # a programming error, not user input
+    weights = {"config": config.to_dict(), "vocab": tokenizer.chars, "model": model.state_dict()}
+    save_checkpoint(path, {**weights, **state.to_dict(), **parts})
+
+
+@dataclass
+class Checkpoint:
+    path: Path
+    config: Config
+    tokenizer: Tokenizer
+    state: dict[str, Any]  # everything stored, as loaded
+
+    @property
+    def step(self) -> int:
+        return int(self.state["step"])
+
+    def resume_state(self) -> tuple[RunState, dict[str, Any]]:
+        """The loop's state and the RESUME_PARTS, or one line saying why this checkpoint cannot be resumed."""
+        needed = ("best_val_loss", "world_size", "global_batch", *RESUME_PARTS)
+        missing = [name for name in needed if name not in self.state]
+        if missing:
+            raise UsageError(
+                f"checkpoint {self.path} lacks a usable training state (no {', '.join(missing)}); it cannot be resumed"
+            )
+        try:
+            state = RunState.from_dict(self.state)
+        except (TypeError, ValueError) as e:
+            why = f"lacks a usable training state ({e})"
+            raise UsageError(f"checkpoint {self.path} {why}; it cannot be resumed") from None
+        return state, {name: self.state[name] for name in RESUME_PARTS}
+
+    def build_model(self, device: torch.device | str = "cpu") -> AnyModel:
+        """The model with its weights, refusing weights that do not fit the recorded shapes or are not finite."""
+        model = build_model(self.config.model, self.tokenizer.vocab_size)
+        weights = self.state["model"]
+        if not isinstance(weights, dict):
+            raise UsageError(f"checkpoint {self.path} is damaged: its model weights are not a state dict")
+        bad = [
+            k
+            for k, t in weights.items()
+            if torch.is_tensor(t) and t.is_floating_point() and not torch.isfinite(t).all()
+        ]
+        if bad:
+            raise UsageError(
+                f"checkpoint {self.path} holds non-finite weights (in {bad[0]}); use an earlier checkpoint"
+            )
+        try:
+            model.load_state_dict(weights, strict=True)
+        except RuntimeError as e:
+            first = str(e).splitlines()[1].strip() if len(str(e).splitlines()) > 1 else str(e)
+            raise UsageError(f"checkpoint {self.path} does not match its recorded model shape: {first}") from None
+        return model.to(device)
+
+
+def newest_checkpoint(runs_dir: Path = RUNS_DIR) -> Path:
+    """The most recently written best.pt under runs_dir: what `charlm sample` and `eval` use when given none."""
+    found = [p for p in runs_dir.glob("**/best.pt") if p.is_file()] if runs_dir.is_dir() else []
+    if not found:
+        raise UsageError(
+            f"no checkpoint given and none found under {runs_dir}/: train one with `charlm train`, "
+            "or pass a checkpoint file or run folder (e.g. runs/cpu/best.pt)"
+        )
+    return max(found, key=lambda p: p.stat().st_mtime)
+
+
+def load_checkpoint(path: str | Path) -> Checkpoint:
+    """Read and check a checkpoint file; every problem is one UsageError line. (A run folder or an export: see
+    charlm.storage.loading, the one place that tells the kinds apart.)"""
+    path = Path(path)
+    if path.is_dir():
+        raise UsageError(f"{path} is a folder, not a checkpoint file (give its best.pt or last.pt)")
+    if not path.exists():
+        raise UsageError(f"checkpoint not found: {path} (train one with `charlm train`, or check the path)")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        # The weights-only unpickler names the global it refused (e.g. posix.system) when a file asks for code.
+        reason = "it is truncated, damaged or not a charlm checkpoint"
+        if "GLOBAL" in str(e):
+            reason = "it holds objects other than tensors and plain data (refused: loading it could run code)"
+        raise UsageError(f"cannot load checkpoint {path}: {reason}") from None
+    except (RuntimeError, EOFError, zipfile.BadZipFile, ValueError, OSError, AttributeError, KeyError) as e:
+        raise UsageError(f"cannot load checkpoint {path}: it is truncated, damaged or not a charlm checkpoint") from e
+    return _check(path, state)
+
+
+def _check(path: Path, state: Any) -> Checkpoint:
+    missing = [k for k in REQUIRED_KEYS if not isinstance(state, dict) or k not in state]
+    if missing:
+        raise UsageError(f"{path} is not a charlm checkpoint (missing {', '.join(missing)})")
+    version = state["format_version"]
+    if version != FORMAT_VERSION:
+        raise UsageError(
+            f"checkpoint {path} has format_version {version!r}, but this charlm (v{__version__}) reads version "
+            f"{FORMAT_VERSION}; use the charlm version that wrote it"
+        )
+    if not isinstance(state["config"], dict) or not isinstance(state["vocab"], list):
+        raise UsageError(f"checkpoint {path} is damaged: its config or vocabulary is malformed")
+    try:
+        config = config_from_dict(state["config"], f"checkpoint {path}")
+    except UsageError as e:
+        raise UsageError(f"checkpoint {path} holds an invalid config: {e}") from None
+    tokenizer = make_tokenizer(config.data.tokenizer, state["vocab"])
+    return Checkpoint(path, config, tokenizer, state)

@@ -1,0 +1,69 @@
+"""A run's folder: refusing to clobber one, making it, and writing its checkpoints with config.yaml beside them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from charlm.config.schema import Config
+from charlm.data.tokenizer import Tokenizer
+from charlm.errors import SaveFailed, UsageError
+from charlm.files import atomic_write, remove_stale_temps
+from charlm.storage.checkpoint import save_training_checkpoint
+from charlm.storage.run_state import RunState
+
+RUN_FILES = ("last.pt", "best.pt", "metrics.jsonl", "config.yaml", "steps.jsonl", "summary.json", "metrics.csv")
+
+
+def check_out_dir(out_dir: Path, resume: bool, overwrite: bool) -> list[str]:
+    """Refuse to clobber a run by accident (nothing is written here). Returns the run files already there."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise UsageError(f"--out-dir {out_dir} is a file, not a folder; choose another --out-dir")
+    existing = [name for name in RUN_FILES if (out_dir / name).exists()]
+    if resume:
+        if not (out_dir / "last.pt").exists():
+            raise UsageError(f"nothing to resume: {out_dir / 'last.pt'} does not exist (train without --resume first)")
+    elif existing and not overwrite:
+        raise UsageError(
+            f"{out_dir} already holds a run ({', '.join(existing)}); use --resume to continue it, "
+            "--overwrite to start over, or another --out-dir"
+        )
+    return existing
+
+
+def make_out_dir(out_dir: Path, replaced: list[str]) -> None:
+    """Create the run folder and prove it writable; remove the files of a run being overwritten; drop stale temps."""
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        atomic_write(out_dir / ".write-test", lambda f: f.write(b"ok"))
+        (out_dir / ".write-test").unlink()
+    except OSError as e:
+        raise UsageError(f"cannot write to --out-dir {out_dir}: {e.strerror}; choose a writable folder") from None
+    for name in replaced:
+        (out_dir / name).unlink()
+    for name in (*RUN_FILES, ".write-test"):  # any file written atomically here may have a temp left by a kill
+        remove_stale_temps(out_dir / name)
+
+
+class RunFolder:
+    """Where the loop's checkpoints go. config.yaml is written with the first of them, so that a run stopped before
+    its first step leaves nothing behind; ranks other than 0 write nothing."""
+
+    def __init__(self, path: Path, config: Config, tokenizer: Tokenizer, writes: bool = True):
+        self.path, self.config, self.tokenizer, self.writes = path, config, tokenizer, writes
+        self.config_written = False
+
+    def save(self, name: str, model: nn.Module, state: RunState, parts: dict[str, Any]) -> Path:
+        target = self.path / name
+        if not self.writes:
+            return target
+        try:
+            if not self.config_written:
+                atomic_write(self.path / "config.yaml", lambda f: f.write(self.config.to_yaml().encode()))
+                self.config_written = True
+            save_training_checkpoint(target, self.config, self.tokenizer, model, state, parts)
+        except OSError as e:
+            raise SaveFailed(f"could not write checkpoint {target}: {e.strerror or e}") from e
+        return target

@@ -1,0 +1,76 @@
+"""Fine-tuning: a new run whose model starts from another model's weights (a checkpoint, run folder or export), with
+its shape and vocabulary; optionally the vocabulary extended by the new text's characters.
+
+Extending appends the new characters after the old ones (old ids keep their meaning) and gives each its own fresh
+rows in the token embedding, the output head and the head's bias (if any), initialised as a new model's are; every
+other weight is the source's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import cast
+
+import torch
+
+from charlm.config.schema import Config
+from charlm.data.prepare import prepare
+from charlm.data.tokenizer import CharTokenizer, Tokenizer
+from charlm.errors import UsageError
+from charlm.models.decoder import GPT
+from charlm.storage.checkpoint import Checkpoint
+from charlm.storage.loading import load_model_file
+
+
+def load_source(path: str | Path) -> Checkpoint:
+    """The model to start from; a damaged or pickled file is refused like any checkpoint."""
+    return load_model_file(path)
+
+
+def finetune_config(requested: Config, source: Checkpoint) -> Config:
+    """The run's settings: model shape and tokenizer from the source, data and training from the command."""
+    requested.model = source.config.model
+    requested.data.tokenizer = source.config.data.tokenizer
+    return requested
+
+
+def finetune_tokenizer(
+    source: Checkpoint, data_path: str, extend: bool, say: Callable[[str], None] = lambda _: None
+) -> Tokenizer:
+    """The source's vocabulary, or with `extend` that vocabulary plus the new text's characters it lacks."""
+    tokenizer = source.tokenizer
+    if not extend or not isinstance(tokenizer, CharTokenizer):
+        return tokenizer  # a byte model reads every text already
+    prepared = prepare(data_path, "char", say)
+    new = [c for i, c in enumerate(prepared.tokenizer.chars) if c not in tokenizer.stoi and prepared.counts.get(i)]
+    if new:
+        say(
+            f"extending the vocabulary from {tokenizer.vocab_size} to {tokenizer.vocab_size + len(new)} characters: "
+            + ", ".join(repr(c) for c in new[:20])
+            + (" ..." if len(new) > 20 else "")
+        )
+    return CharTokenizer(tokenizer.chars + new)
+
+
+def init_model(source: Checkpoint, config: Config, vocab_size: int, device: torch.device) -> GPT:
+    """A model of the source's shape holding its weights; rows for characters beyond its vocabulary stay as freshly
+    initialised (call with the run's seed set, so they are reproducible)."""
+    old_vocab = source.tokenizer.vocab_size
+    if source.config.model.arch != "decoder":
+        raise UsageError(f"--init-from needs a decoder (text) model; {source.path} is an {source.config.model.arch}")
+    if vocab_size == old_vocab:
+        return cast(GPT, source.build_model(device))
+    model = GPT(config.model, vocab_size)
+    old = source.build_model("cpu").state_dict()
+    fresh = model.state_dict()
+    for name, weight in old.items():
+        target = fresh[name]
+        if target.shape == weight.shape:
+            target.copy_(weight)
+        elif target.shape[1:] == weight.shape[1:] and target.shape[0] == vocab_size and weight.shape[0] == old_vocab:
+            target[:old_vocab].copy_(weight)  # embedding, head or head-bias rows of the characters both know
+        else:
+            raise UsageError(f"cannot extend {source.path}: its weight {name} has shape {tuple(weight.shape)}")
+    model.load_state_dict(fresh)
+    return model.to(device)

@@ -1,0 +1,305 @@
+"""A training run: its configuration (fresh or resumed, decided here alone), its folder checked, its parts built.
+
+`run_training` is what `charlm train` does and what Python callers use. It installs no signal handler: the command
+line passes its own StopRequest (charlm.cli.signals), and a Python caller's Ctrl-C saves last.pt and propagates. The
+folder's files are charlm.storage.run_folder's; the loop, the final pass and the summary are the Trainer's.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from charlm.config import schema as cfg
+from charlm.config.schema import Config
+from charlm.data.corpus import Corpus
+from charlm.data.download import ensure_builtin_corpus
+from charlm.data.pairs import PairCorpus
+from charlm.errors import UsageError
+from charlm.hardware.device import configure_backends, pick_device, precision_words, seed_everything
+from charlm.hardware.distributed import Dist, setup, teardown
+from charlm.models.linear import linear_words
+from charlm.models.registry import build_model
+from charlm.progress import TrainReporter
+from charlm.storage.checkpoint import RUNS_DIR, Checkpoint, load_checkpoint
+from charlm.storage.run_folder import RunFolder, check_out_dir, make_out_dir
+from charlm.storage.run_state import TrainSummary
+from charlm.training.finetune import finetune_config, finetune_tokenizer, init_model, load_source
+from charlm.training.loop import StopRequest, Trainer, seed_for_rank, training_dtype
+from charlm.training.metrics import require_loggers
+
+# Keys that may change when resuming: limits and schedule knobs. Anything else would silently
+# make the resumed run a different run.
+RESUMABLE_KEYS = {
+    "train.max_steps",
+    "train.max_seconds",
+    "train.eval_interval",
+    "train.early_stop_patience",
+    "train.plateau_patience",
+    "train.plateau_factor",
+    "train.min_lr",
+    "train.grad_clip",
+    "train.device",
+    "train.compile",
+    "train.cpu_linear",
+    "train.lr_schedule",
+    "data.path",
+    "train.loggers",
+    "train.log_interval",
+    "train.wandb_project",
+    "train.tensorboard",
+    "train.final_eval_tokens",
+}
+
+
+# ---------------------------------------------------------------------------- the configuration
+
+
+@dataclass
+class RunRequest:
+    """What a `charlm train` command (or `charlm.train` call) asks for, resolved: the run folder, the configuration
+    of a fresh run, for a resume the settings to compare with the run's, and how the run starts."""
+
+    out_dir: Path
+    config: Config | None
+    changes: dict[str, Any]
+    resume: bool = False
+    overwrite: bool = False
+    init_from: str | Path | None = None
+    extend_vocab: bool = False
+
+    def run(
+        self, *, quiet: bool = False, reporter: TrainReporter | None = None, stop: StopRequest | None = None
+    ) -> TrainSummary | None:
+        return run_training(
+            self.config,
+            self.out_dir,
+            resume=self.resume,
+            overwrite=self.overwrite,
+            resume_changes=self.changes,
+            quiet=quiet,
+            reporter=reporter,
+            stop=stop,
+            init_from=self.init_from,
+            extend_vocab=self.extend_vocab,
+        )
+
+
+def resolve_run(
+    config_file: str | None,
+    sets: list[str],
+    options: cfg.Options,
+    out_dir: str | Path | None,
+    *,
+    resume: bool = False,
+    overwrite: bool = False,
+    init_from: str | Path | None = None,
+    extend_vocab: bool = False,
+) -> RunRequest:
+    """The one sequence the command line and the Python API share: the requested settings, then the run folder
+    (given, or runs/<config name>)."""
+    settings, changes = requested_config(config_file, sets, options, resume)
+    folder = Path(out_dir) if out_dir is not None else RUNS_DIR / Path(config_file or cfg.DEFAULT_CONFIG).stem
+    return RunRequest(folder, settings, changes, resume, overwrite, init_from, extend_vocab)
+
+
+def requested_config(
+    config_file: str | None, sets: list[str], options: cfg.Options, resume: bool
+) -> tuple[Config | None, dict[str, Any]]:
+    """What a command asks for: a whole config for a fresh run; for a resume, the settings to compare with the run's
+    (all of a --config file's keys with the command line's on top, or only the command line's without --config).
+
+    A config file's data.path is not compared on resume unless --data (or --set data.path) gives it: the run's
+    corpus fixed its vocabulary, and a file's default path says nothing about it.
+    """
+    if not resume:
+        return cfg.load_config(config_file or cfg.DEFAULT_CONFIG, sets, options), {}
+    explicit = cfg.explicit_settings(sets, options)
+    if config_file is None:
+        return None, explicit
+    given = cfg.load_config(config_file, sets, options).flat()
+    if "data.path" not in explicit:
+        given.pop("data.path")
+    return None, given
+
+
+def resume_config(saved: Config, given: dict[str, Any]) -> Config:
+    """The checkpoint's config with the command's settings applied.
+
+    A setting equal to the saved value is fine (the same command, re-run with --resume); a real change is allowed for
+    the limits and schedule knobs in RESUMABLE_KEYS and refused for anything else, each problem named once.
+    """
+    saved_values = saved.flat()
+    errors, changes = [], {}
+    for key, value in given.items():
+        if value == saved_values[key]:
+            continue
+        if key in RESUMABLE_KEYS:
+            changes[key] = value
+            continue
+        why = (
+            "the model's shape is fixed"
+            if key.startswith("model.")
+            else f"only these can: {', '.join(sorted(RESUMABLE_KEYS))}"
+        )
+        errors.append(
+            f"{key} cannot change when resuming (the run has {saved_values[key]!r}, this command gives "
+            f"{value!r}); {why}. Start a new run with another --out-dir, or drop the setting"
+        )
+    cfg.raise_all(errors)
+    for key, value in changes.items():
+        section, name = key.split(".", 1)
+        setattr(getattr(saved, section), name, value)
+    return saved
+
+
+def run_config(config: Config | None, ckpt: Checkpoint | None, changes: dict[str, Any]) -> Config:
+    """The one place that decides a run's configuration: the given one for a fresh run; for a resume, the saved one
+    with the given config's values and the explicit changes compared and applied."""
+    if ckpt is None:
+        if config is None:
+            raise UsageError("a fresh run needs a configuration (pass --config, or leave out --resume)")
+        return config
+    return resume_config(ckpt.config, {**(config.flat() if config else {}), **changes})
+
+
+# ---------------------------------------------------------------------------- the run
+
+
+def run_training(
+    config: Config | None,
+    out_dir: Path,
+    *,
+    resume: bool = False,
+    overwrite: bool = False,
+    resume_changes: dict[str, Any] | None = None,
+    quiet: bool = False,
+    reporter: TrainReporter | None = None,
+    stop: StopRequest | None = None,
+    init_from: str | Path | None = None,
+    extend_vocab: bool = False,
+) -> TrainSummary | None:
+    """Everything `charlm train` does: checks first, then data, model, loop, final full validation pass.
+
+    With resume=True the run in out_dir continues; `config` (if given) and `resume_changes` are compared with its
+    saved settings (see resume_config). With init_from, a fresh run starts from that model's weights, shape and
+    vocabulary (training.finetune; extend_vocab adds the new text's characters). Under torchrun every rank calls this;
+    rank 0 alone writes files and returns the summary (the others return None).
+    """
+    wall_start = time.perf_counter()
+    created = not out_dir.exists()
+    dist = Dist()
+    reporter = reporter or TrainReporter(quiet)
+    try:
+        if resume and init_from is not None:
+            raise UsageError("--resume continues a run and --init-from starts a new one from a model; choose one")
+        existing = check_out_dir(out_dir, resume, overwrite)
+        ckpt = load_checkpoint(out_dir / "last.pt") if resume else None
+        source = load_source(init_from) if init_from is not None else None
+        config = run_config(config, ckpt, resume_changes or {})
+        if source is not None:
+            config = finetune_config(config, source)
+        if ckpt is None:
+            ensure_builtin_corpus(config.data.path, reporter.info)
+        dist, device_name = setup(config.train.device)
+        if not dist.is_main:
+            reporter = TrainReporter(quiet=True, silent=True)
+        trainer = _build(
+            config,
+            ckpt,
+            out_dir,
+            existing if overwrite and not resume else [],
+            device_name,
+            dist,
+            reporter,
+            stop,
+            source,
+            extend_vocab,
+            wall_start,
+        )
+        summary = trainer.run()
+        dist.barrier()  # leave together: a rank tearing down while rank 0 still evaluates can abort (gloo)
+        return summary
+    except BaseException:
+        if created and out_dir.is_dir() and not any(out_dir.iterdir()):
+            out_dir.rmdir()  # stopped before anything was written: leave no trace
+        raise
+    finally:
+        teardown(dist)
+
+
+def _build(
+    config: Config,
+    ckpt: Checkpoint | None,
+    out_dir: Path,
+    replaced: list[str],
+    device_name: str,
+    dist: Dist,
+    reporter: TrainReporter,
+    stop: StopRequest | None,
+    source: Checkpoint | None = None,
+    extend_vocab: bool = False,
+    started: float | None = None,
+) -> Trainer:
+    """Data, model and trainer, every check done before the run folder is touched."""
+    device = pick_device(device_name)
+    training_dtype(config, device)  # refuses an impossible dtype before anything is loaded
+    require_loggers(config)
+    # Every rank asks for the prepared corpus; a lock lets the first prepare it while the others wait, then map it.
+    corpus: Corpus | PairCorpus
+    if config.data.format == "pairs":
+        if source is not None:
+            raise UsageError("--init-from starts from a text model; an encoder-decoder run starts fresh or resumes")
+        hint = "a resumed run trains on lines made of its own characters"
+        tokenizer = ckpt.tokenizer if ckpt is not None else None
+        corpus = PairCorpus.from_config(config.data, config.model.block_size, tokenizer, reporter.info, hint)
+    elif ckpt is not None:
+        corpus = Corpus.from_config(
+            config.data,
+            ckpt.tokenizer,
+            say=reporter.info,
+            hint="a resumed run trains on text made of its own characters",
+        )
+    elif source is not None:
+        tokenizer = finetune_tokenizer(source, config.data.path, extend_vocab, reporter.info)
+        corpus = Corpus.from_config(
+            config.data,
+            tokenizer,
+            say=reporter.info,
+            hint=f"the model of {source.path} has never seen them; add --extend-vocab to give them new embedding rows",
+        )
+    else:
+        corpus = Corpus.from_config(config.data, say=reporter.info)
+    corpus.check_windows(config.model.block_size, config.data.path)
+    dist.barrier()  # every rank has checked the run folder before rank 0 writes to it
+    if dist.is_main:
+        make_out_dir(out_dir, replaced)
+
+    configure_backends(device)
+    seed_everything(config.train.seed)  # identical initial weights on every rank
+    if ckpt is not None:
+        model = ckpt.build_model(device)
+    elif source is not None:
+        model = init_model(source, config, corpus.tokenizer.vocab_size, device)
+        reporter.info(f"starting from the weights of {source.path} (fresh optimizer and schedule)")
+    else:
+        model = build_model(config.model, corpus.tokenizer.vocab_size).to(device)
+    seed_everything(seed_for_rank(config.train.seed, dist.rank))  # then each rank its own dropout stream
+    folder = RunFolder(out_dir, config, corpus.tokenizer, writes=dist.is_main)
+    trainer = Trainer(config, model, corpus, device, folder, reporter, stop, dist, started)
+    if ckpt:
+        trainer.resume(*ckpt.resume_state(), ckpt.path)
+        reporter.info(f"resuming {out_dir / 'last.pt'} at step {trainer.state.step}")
+    reporter.info(trainer.schedule.describe())
+    reporter.info(f"precision: {precision_words(trainer.amp_dtype, config.train.dtype, device)}")
+    if device.type == "cpu" and trainer.amp_dtype is None:  # under autocast the precision line says it all
+        compiled = trainer.forward is not trainer.uncompiled
+        reporter.info(f"linear layers: {linear_words(trainer.onednn, config.train.cpu_linear, compiled)}")
+    if dist.active:
+        reporter.info(
+            f"DDP: {dist.world_size} processes, global batch {trainer.state.global_batch} windows "
+            f"({config.train.batch_size} per rank x {config.train.grad_accum} accumulation)"
+        )
+    return trainer
