@@ -20,7 +20,8 @@ from charlm.hardware.device import seed_everything
 from charlm.models.decoder import GPT
 from charlm.models.linear import onednn_linears, use_onednn
 from charlm.storage.checkpoint import load_checkpoint
-from charlm.training.loop import make_optimizer, seed_for_rank
+from charlm.training.optim import make_optimizer
+from charlm.training.setup import seed_for_rank
 
 pytestmark = [pytest.mark.slow, pytest.mark.process]
 TINY = [

@@ -122,6 +122,18 @@ def test_attention_is_what_charlm_attention_json_gives(server, tiny_checkpoint):
         assert math.isclose(float(got.strip("[] ")), float(want.strip("[] ")), abs_tol=1e-5)
 
 
+def test_a_request_without_model_is_served_by_the_one_loaded_model(server, client):
+    """vLLM and llama.cpp serve their one model when the field is left out; curl examples written for them work."""
+    status, body = server.request("POST", "/v1/completions", {"prompt": "JULIET:", "max_tokens": 7, "temperature": 0})
+    assert status == 200, body
+    named = client.completions.create(model="charlm", prompt="JULIET:", max_tokens=7, temperature=0)
+    assert body["model"] == "charlm" and body["choices"][0]["text"] == named.choices[0].text
+    assert len(body["choices"][0]["text"]) == 7
+    for path, payload in (("/v1/score", {"text": "JULIET: O"}), ("/v1/attention", {"prompt": "JULIET"})):
+        status, body = server.request("POST", path, payload)
+        assert status == 200, (path, body)
+
+
 def test_health(server):
     status, body = server.request("GET", "/health")
     assert status == 200 and body["status"] == "ok" and body["model"] == "charlm"
@@ -154,7 +166,8 @@ GOOD = {"model": "charlm", "prompt": "JULIET:", "max_tokens": 5}
         ({**GOOD, "logprobs": 9}, 400, "logprobs must be between"),
         ({**GOOD, "echo": True}, 400, "echo is not supported"),
         ({**GOOD, "frobnicate": 1}, 400, "unknown field 'frobnicate'"),
-        ({"prompt": "a"}, 400, "model is required"),
+        ({**GOOD, "model": ""}, 400, "model must be the name GET /v1/models lists"),
+        ({**GOOD, "model": 7}, 400, "model must be the name"),
         ({**GOOD, "model": "gpt-4"}, 404, "'gpt-4' is not served here"),
         (b"x" * 20001, 413, "--max-body"),
     ],

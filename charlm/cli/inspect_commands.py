@@ -34,8 +34,8 @@ def info(
     checkpoint: Annotated[
         Optional[str],
         typer.Argument(
-            help="Checkpoint file or run folder. Default: --config if given, else the newest runs/*/best.pt, else the "
-            "cpu config.",
+            help="Checkpoint file, run folder (its best.pt) or export. Default: --config if given, else the newest "
+            "runs/*/best.pt, else the cpu config.",
             show_default=False,
         ),
     ] = None,
@@ -177,7 +177,8 @@ def export_(
         typer.Argument(
             metavar="[CKPT] DIR",
             show_default=False,
-            help="Checkpoint file or run folder (default: the newest runs/*/best.pt), then the folder to write.",
+            help="Checkpoint file, run folder (its best.pt) or export (default: the newest runs/*/best.pt), then the "
+            "folder to write.",
         ),
     ],
 ) -> None:
@@ -200,8 +201,8 @@ def plot(
     run_dirs: Annotated[list[Path], typer.Argument(help="One or more run folders (each with metrics.jsonl).")],
     output: Annotated[Path, typer.Option("--output", "-o", help="PNG file to write.")] = Path("loss.png"),
 ) -> None:
-    r"""Plot train and val loss against step and wall time, with the learning rate (needs the plot extra:
-    pip install -e ".\[plot]")."""  # \[ : rich markup would read [plot] as a style and drop it
+    r"""Plot train and val loss against step and wall time, with the learning rate (needs pip install -e ".\[plot]")."""
+    # \[ above: rich markup would read [plot] as a style and drop it
     from charlm.cli.plot import plot_runs
     from charlm.progress import stderr_console
 

@@ -217,8 +217,10 @@ def fill(
         typer.Option("--json", help='Print {"text": ..., "blanks": [{"position", "candidates": [[char, p], ...]}]}.'),
     ] = False,
 ) -> None:
-    """An encoder (model.arch: encoder) fills every blank of a text at once: the filled text, then each blank's most
-    likely characters with their probabilities."""
+    """An encoder (model.arch: encoder) fills every blank of a text at once, with each blank's likeliest characters.
+
+    Prints the filled text, then a line per blank with its candidates and their probabilities.
+    """
     needs_torch()
     from charlm.api.model import load
     from charlm.cli.plot import shown_char

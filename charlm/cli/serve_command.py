@@ -52,8 +52,10 @@ def serve(
     device: DeviceOption = "auto",
     precision: PrecisionOption = Precision.float32,
 ) -> None:
-    """Serve a model: OpenAI-compatible /v1/completions (streaming, batched), /v1/score, /v1/attention, and a
-    playground page at /."""
+    """Serve a model: OpenAI-compatible /v1/completions (streaming, batched), /v1/score, /v1/attention, playground.
+
+    The playground page is at / ; --api-key guards every endpoint but /health and the page's files.
+    """
     check_replacement(replace_with)
     if max_n > max_batch:
         raise UsageError(f"--max-n ({max_n}) cannot exceed --max-batch ({max_batch}): one request must fit a batch")

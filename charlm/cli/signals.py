@@ -5,7 +5,7 @@ saving yet, and torch.compile would swallow an exception raised from the handler
 Once the loop calls `arm()`, a signal only records its number; the loop saves at the next step boundary and raises
 Interrupted. A second signal while that happens changes nothing.
 
-The library's training function takes any object with `requested` and `arm()` (see charlm.training.loop.StopRequest);
+The library's training function takes any object with `requested` and `arm()` (see charlm.training.setup.StopRequest);
 called from Python it uses one that never fires, so a notebook keeps its own handlers.
 """
 

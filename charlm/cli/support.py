@@ -14,6 +14,7 @@ import typer
 from rich.markup import escape
 
 from charlm.config.schema import DEVICE_NAMES  # no torch behind it: --help stays fast
+from charlm.config.sources import shipped_config_names
 from charlm.errors import USAGE_EXIT, CharlmError, Interrupted, UsageError
 
 CHECKPOINT_HELP = "Checkpoint file, run folder (its best.pt) or export. Default: the newest runs/*/best.pt."
@@ -54,7 +55,9 @@ def complete_device(incomplete: str) -> list[str]:
 ConfigOption = Annotated[
     Optional[str],
     typer.Option(
-        "--config", "-c", help="YAML config file, or a shipped config's name (tiny, cpu, notebook, gpu). Default: cpu."
+        "--config",
+        "-c",
+        help=f"YAML config file, or a shipped config's name ({', '.join(shipped_config_names())}). Default: cpu.",
     ),
 ]
 SetOption = Annotated[

@@ -33,7 +33,7 @@ class BadRequest(Exception):
 
 @dataclass
 class CompletionRequest:
-    model: str
+    model: str | None  # None: the one model this server holds
     prompts: list[str]
     max_tokens: int
     temperature: float
@@ -83,9 +83,9 @@ def parse_completion(body: Any, limits: Limits) -> CompletionRequest:
     for name, neutral in NEUTRAL.items():
         if body.get(name) not in (None, neutral):
             raise BadRequest(400, f"{name} is not supported by charlm serve (leave it out or at {neutral!r})", name)
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise BadRequest(400, "model is required: the name GET /v1/models lists", "model")
+    model = body.get("model")  # optional, as in vLLM and llama.cpp: a server holds one model
+    if model is not None and (not isinstance(model, str) or not model):
+        raise BadRequest(400, "model must be the name GET /v1/models lists, or left out for the served model", "model")
     prompt = body.get("prompt", "\n")
     prompts = [prompt] if isinstance(prompt, str) else prompt
     if not isinstance(prompts, list) or not prompts or not all(isinstance(p, str) for p in prompts):

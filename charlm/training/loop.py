@@ -8,33 +8,22 @@ charlm.cli.signals.StopSignals, or NeverStop from Python). Its state is one RunS
 
 from __future__ import annotations
 
-import contextlib
 import math
 import signal
-import sys
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Protocol, cast
+from typing import Any
 
 import torch
 from torch import nn
 
 from charlm.config.schema import Config
-from charlm.data.corpus import Corpus, RandomWindows
-from charlm.data.pairs import PairBatches, PairCorpus
+from charlm.data.corpus import Corpus
+from charlm.data.pairs import PairCorpus
 from charlm.errors import CharlmError, Interrupted, UsageError, WorkError
-from charlm.hardware.device import (
-    autocast,
-    autocast_dtype,
-    precision_name,
-    rng_state,
-    seed_everything,
-    set_rng_state,
-    should_compile,
-)
+from charlm.hardware.device import precision_name, rng_state, seed_everything, set_rng_state, should_compile
 from charlm.hardware.distributed import Dist
-from charlm.models.encoder import MaskedWindows
 from charlm.models.linear import onednn_linears, use_onednn
 from charlm.progress import TrainReporter
 from charlm.storage.checkpoint import load_checkpoint
@@ -44,43 +33,16 @@ from charlm.training.metrics import MetricsLog
 from charlm.training.optim import make_optimizer
 from charlm.training.schedule import LRSchedule
 from charlm.training.scoring import PeriodicEval, final_pass
-
-
-class StopRequest(Protocol):
-    """How a caller asks the loop to stop: `requested` holds a signal number; `arm()` marks the first step done."""
-
-    requested: int | None
-
-    def arm(self) -> None: ...
-
-
-class NeverStop:
-    """The library's default: no signal handling at all (a notebook's Ctrl-C raises KeyboardInterrupt as usual)."""
-
-    requested: int | None = None
-
-    def arm(self) -> None:
-        pass
-
-
-def compile_or_warn(model: nn.Module, reporter: TrainReporter) -> nn.Module:
-    try:
-        return cast(nn.Module, torch.compile(model))
-    except Exception as e:  # compile support varies by platform; eager always works
-        reporter.warn(f"torch.compile unavailable ({type(e).__name__}: {e}); training without it")
-        return model
-
-
-def training_dtype(config: Config, device: torch.device) -> torch.dtype | None:
-    """The run's autocast dtype (None: float32), from train.dtype, the device, and the size of a micro-batch."""
-    tokens = config.train.batch_size * config.model.block_size
-    onednn = use_onednn(device, config.train.cpu_linear)  # float32's kernels: what bf16 must beat
-    return autocast_dtype(device, config.train.dtype, config.model.n_embd, tokens, onednn)
-
-
-def seed_for_rank(seed: int, rank: int) -> int:
-    """Each rank's own batch and dropout streams; rank 0's is the single-process one."""
-    return seed + 1_000_003 * rank
+from charlm.training.setup import (
+    NeverStop,
+    StopRequest,
+    compile_or_warn,
+    make_batches,
+    peak_memory_mb,
+    seed_for_rank,
+    training_dtype,
+)
+from charlm.training.step import OptimizerStep
 
 
 class Trainer:
@@ -111,14 +73,7 @@ class Trainer:
         self.metrics = MetricsLog(folder.path, config, enabled=self.dist.is_main)
         self.scoring = PeriodicEval(config, corpus, device, self.amp_dtype, self.dist)
         rank_seed = seed_for_rank(tc.seed, self.dist.rank)
-        self.batches: RandomWindows | PairBatches
-        if isinstance(corpus, PairCorpus):
-            self.batches = PairBatches(corpus.train, tc.batch_size, device, rank_seed)
-        elif config.model.arch == "encoder":
-            T, V = config.model.block_size, corpus.tokenizer.vocab_size
-            self.batches = MaskedWindows(corpus.train, T, tc.batch_size, device, rank_seed, V)
-        else:
-            self.batches = RandomWindows(corpus.train, config.model.block_size, tc.batch_size, device, rank_seed)
+        self.batches = make_batches(config, corpus, device, rank_seed)
         global_batch = tc.batch_size * tc.grad_accum * self.dist.world_size
         self.state = RunState(lr=tc.lr, world_size=self.dist.world_size, global_batch=global_batch)
         self.elapsed_before = 0.0  # loop seconds of earlier invocations
@@ -135,6 +90,9 @@ class Trainer:
         self.forward = compile_or_warn(self.uncompiled, reporter) if compiled else self.uncompiled
         # oneDNN's float32 kernels for the linear layers: not under autocast, nor in a compiled step (torch's there)
         self.onednn = use_onednn(device, tc.cpu_linear) and self.amp_dtype is None and not compiled
+        self.stepper = OptimizerStep(
+            config, model, self.uncompiled, self.batches, self.optimizer, self.scaler, device, self.amp_dtype, self.dist
+        )
 
     def resume(self, state: RunState, parts: dict[str, Any], source: Path) -> None:
         """Continue a saved run: its state and the optimizer's, schedule's, scaler's and random streams'."""
@@ -268,45 +226,7 @@ class Trainer:
             return self._optimizer_step()
 
     def _optimizer_step(self) -> torch.Tensor:
-        tc = self.config.train
-        self.optimizer.set_lr(self.state.lr)
-        loss_sum = torch.zeros((), device=self.device)
-        self.step_tokens = 0
-        for micro in range(tc.grad_accum):
-            x, y = self.batches.next_batch()  # text: windows (B, T); pairs: (sources, BOS + targets)
-            inputs = x if isinstance(x, tuple) else (x,)
-            self.step_tokens += self.batches.last_tokens if isinstance(self.batches, PairBatches) else y.numel()
-            sync = not self.dist.active or micro == tc.grad_accum - 1  # DDP all-reduces on the last micro-step only
-            with (
-                contextlib.nullcontext()
-                if sync
-                else cast(nn.parallel.DistributedDataParallel, self.uncompiled).no_sync()
-            ):
-                with autocast(self.device, self.amp_dtype):
-                    _, loss = self.forward(*inputs, y)
-                loss = loss / tc.grad_accum
-                (self.scaler.scale(loss) if self.scaler else loss).backward()
-            loss_sum += loss.detach()
-        if self.dist.active:  # every rank sees the same mean loss, so all stop together if it is not finite
-            self.dist.sum_(loss_sum).div_(self.dist.world_size)
-        if not torch.isfinite(loss_sum):  # stop before the optimizer step, so no weight is touched
-            raise WorkError(
-                f"loss became {loss_sum.item()} at step {self.state.step + 1}; training stopped before "
-                "updating the weights, the last checkpoints are untouched (try a lower train.lr or train.grad_clip)"
-            )
-        optimizers = self.optimizer.optimizers
-        if tc.grad_clip:
-            if self.scaler:
-                for opt in optimizers:
-                    self.scaler.unscale_(opt)
-            nn.utils.clip_grad_norm_(self.model.parameters(), tc.grad_clip)
-        if self.scaler:
-            for opt in optimizers:
-                self.scaler.step(opt)
-            self.scaler.update()
-        else:
-            self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        loss_sum, self.step_tokens = self.stepper.step(self.forward, self.state.lr, self.state.step)
         return loss_sum
 
     # -- evaluation and checkpoints --------------------------------------------------------
@@ -386,14 +306,3 @@ class Trainer:
         signum = self.stop.requested or signal.SIGINT
         name = signal.Signals(signum).name
         return Interrupted(f"{name} received before training started; nothing was written", signum)
-
-
-def peak_memory_mb(device: torch.device) -> float:
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**20
-    try:
-        import resource  # POSIX only
-    except ImportError:
-        return 0.0
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return rss / 2**20 if sys.platform == "darwin" else rss / 1024  # bytes on macOS, KiB on Linux

@@ -27,8 +27,9 @@ from charlm.storage.checkpoint import RUNS_DIR, Checkpoint, load_checkpoint
 from charlm.storage.run_folder import RunFolder, check_out_dir, make_out_dir
 from charlm.storage.run_state import TrainSummary
 from charlm.training.finetune import finetune_config, finetune_tokenizer, init_model, load_source
-from charlm.training.loop import StopRequest, Trainer, seed_for_rank, training_dtype
+from charlm.training.loop import Trainer
 from charlm.training.metrics import require_loggers
+from charlm.training.setup import StopRequest, seed_for_rank, training_dtype
 
 # Keys that may change when resuming: limits and schedule knobs. Anything else would silently
 # make the resumed run a different run.
