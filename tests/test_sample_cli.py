@@ -54,10 +54,13 @@ def test_no_cache_reference_path_gives_the_same_greedy_text(tiny_checkpoint):
     assert run_cli(*args, check=True).stdout == run_cli(*args, "--no-cache", check=True).stdout
 
 
-def test_stop_string_ends_the_sample(tiny_checkpoint):
-    result = run_cli("sample", tiny_checkpoint, "--prompt", "A", "--stop", "e", "--seed", "2", "--json", check=True)
-    sample = json.loads(result.stdout)["samples"][0]
-    assert sample.endswith("e") and sample[1:].count("e") == 1
+def test_stop_string_ends_the_sample_and_is_left_out(tiny_checkpoint):
+    common = ("sample", tiny_checkpoint, "--prompt", "A", "--seed", "2", "--json")
+    full = json.loads(run_cli(*common, check=True).stdout)["samples"][0]
+    for stop in ("e", "e "):
+        assert stop in full[1:], "the unstopped sample should hold the stop string"
+        result = run_cli(*common, "--stop", stop, "--stop", "never-seen", check=True)
+        assert json.loads(result.stdout)["samples"][0] == full[: full.index(stop, 1)]
 
 
 def test_stream_prints_the_same_text(tiny_checkpoint):

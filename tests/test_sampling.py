@@ -1,5 +1,6 @@
 """The pure next-character function, on hand-made logits."""
 
+import pytest
 import torch
 
 from charlm.decoding.sampling import draw, filter_top_k, filter_top_p, sample_next, sample_rows
@@ -111,7 +112,38 @@ def test_a_draw_is_what_torch_multinomial_draws_from_the_same_generator():
             logits[:, 20:] = float("-inf")  # as top-k and top-p leave them
         probs = torch.softmax(logits, dim=-1)
         want = torch.multinomial(probs, num_samples=1, generator=theirs).squeeze(-1)
-        assert torch.equal(draw(probs, ours), want)
+        assert torch.equal(draw(probs, [ours] * 3), want)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        ([0.8] * 4, [5] * 4, [0.9] * 4),  # one set of options for the batch
+        ([0.8, 0.0, 1.3, 0.5], [5, None, 2, 70], [0.9, 1.0, 0.5, 1.0]),  # each row its own
+    ],
+)
+def test_a_row_in_a_batch_draws_what_sample_next_draws_for_it_alone(options):
+    """The server's batched rule and the command line's are one rule: the same seed, logits and options give the same
+    id, ties at the k-th logit included, step after step."""
+    temperatures, top_ks, top_ps = options
+    batch_generators = [gen(100 + i) for i in range(4)]
+    alone_generators = [gen(100 + i) for i in range(4)]
+    for step in range(200):
+        logits = torch.randn(4, 65, generator=gen(step)) * 2
+        logits[:, 10:14] = logits[:, 10:11]  # ties
+        batched = sample_rows(logits, batch_generators, temperatures, top_ks, top_ps)
+        for row in range(4):
+            alone = sample_next(logits[row : row + 1], alone_generators[row], *[o[row] for o in options])
+            assert batched[row] == alone.item(), (step, row)
+
+
+def test_rows_sharing_a_generator_draw_as_one_batch_does():
+    logits = torch.randn(3, 65, generator=gen(1))
+    shared, reference = gen(4), gen(4)
+    for _ in range(50):
+        ids = sample_rows(logits, [shared, gen(9), shared], [1.0] * 3, [None] * 3, [1.0] * 3)
+        want = sample_next(logits[[0, 2]], reference, 1.0)
+        assert [ids[0], ids[2]] == want.tolist()
 
 
 def test_a_vanishing_temperature_is_greedy_not_an_overflow():

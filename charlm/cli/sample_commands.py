@@ -50,7 +50,10 @@ def sample_(
     num_samples: Annotated[int, typer.Option(min=1, max=1024, help="Samples generated together as one batch.")] = 1,
     stop: Annotated[
         Optional[list[str]],
-        typer.Option(help="End a sample at the first occurrence of this string (included). Repeatable."),
+        typer.Option(
+            help="End a sample just before the first occurrence of this string, which is left out (as in the "
+            "server). Repeatable."
+        ),
     ] = None,
     unknown: Annotated[Unknown, typer.Option(help="Prompt characters outside the vocabulary.")] = Unknown.error,
     replace_with: Annotated[

@@ -23,6 +23,7 @@ from charlm.config.schema import SampleConfig
 from charlm.data.tokenizer import Tokenizer, UnknownPolicy
 from charlm.decoding.compiled import compiled_decoder
 from charlm.decoding.sampling import sample_next
+from charlm.decoding.stops import StopStrings
 from charlm.errors import UsageError
 from charlm.models.decoder import GPT
 from charlm.models.kvcache import KVCache, StaticCache
@@ -182,7 +183,7 @@ def sample(
     ids: list[list[int]] = [[] for _ in range(options.num_samples)]
     decoders = [tokenizer.stream_decoder() for _ in range(options.num_samples)]  # bytes: whole characters only
     done = [False] * options.num_samples
-    longest_stop = max((len(s) for s in options.stop), default=0)
+    stops = [StopStrings(options.stop) for _ in range(options.num_samples)]
     model.eval()
     compile_seconds = 0.0
     refuse_compile_without_cache(options.compile, options.use_cache)
@@ -199,27 +200,23 @@ def sample(
             if done[i]:
                 continue
             ids[i].append(token)
-            char = decoders[i].feed(token)
-            if not char:
-                continue
-            texts[i].append(char)
-            if i == 0 and on_text:
-                on_text(char)
-            if longest_stop and _ends_with_stop(texts[i], options.stop, longest_stop):
-                done[i] = True
+            passed = stops[i].feed(decoders[i].feed(token))
+            if passed:
+                texts[i].append(passed)
+                if i == 0 and on_text:
+                    on_text(passed)
+            done[i] = stops[i].stopped
         if all(done):
             break
     for i, decoder in enumerate(decoders):
-        if not done[i] and (tail := decoder.flush()):
-            texts[i].append(tail)
-            if i == 0 and on_text:
-                on_text(tail)
+        if not done[i]:
+            passed = stops[i].feed(decoder.flush())
+            passed += "" if stops[i].stopped else stops[i].flush()
+            if passed:
+                texts[i].append(passed)
+                if i == 0 and on_text:
+                    on_text(passed)
     seconds = time.perf_counter() - started
     replaced = sum(tokenizer.replaced(prompt_ids + sample_ids) for sample_ids in ids)
     samples = [prompt + "".join(t) for t in texts]
     return SampleResult(samples, sum(len(t) for t in ids), seconds, replaced, compile_seconds)
-
-
-def _ends_with_stop(chars: list[str], stops: list[str], longest: int) -> bool:
-    tail = "".join(chars[-longest:])
-    return any(tail.endswith(s) for s in stops)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
+
 import torch
 
 
@@ -13,9 +16,10 @@ def filter_top_k(logits: torch.Tensor, k: int) -> torch.Tensor:
     return logits.masked_fill(logits < kth, float("-inf"))
 
 
-def filter_top_p(logits: torch.Tensor, p: float) -> torch.Tensor:
-    """Nucleus: keep the smallest set of characters whose probability reaches p, always the most likely one."""
-    if p >= 1.0:
+def filter_top_p(logits: torch.Tensor, p: float | torch.Tensor) -> torch.Tensor:
+    """Nucleus: keep the smallest set of characters whose probability reaches p, always the most likely one (p: one
+    for all rows, or (B, 1), inf where a row keeps everything)."""
+    if not isinstance(p, torch.Tensor) and p >= 1.0:
         return logits
     sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
     probs = torch.softmax(sorted_logits, dim=-1)
@@ -33,53 +37,65 @@ def sample_next(
     top_k: int | None = None,
     top_p: float = 1.0,
 ) -> torch.Tensor:
-    """Next ids (B,) from logits (B, V): temperature, then top-k, then top-p, then a draw. Temperature 0 is argmax."""
+    """Next ids (B,) from logits (B, V) with one set of options and one generator for every row (see sample_rows)."""
     if temperature == 0:
         return logits.argmax(dim=-1)
     logits = logits.float() / max(temperature, 1e-6)  # a tinier one would overflow to inf: greedy by then anyway
     if top_k is not None:
         logits = filter_top_k(logits, top_k)
     logits = filter_top_p(logits, top_p)
-    return draw(torch.softmax(logits, dim=-1), generator)
-
-
-def draw(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    """One id per row (B,) drawn from probs (B, V): torch.multinomial(probs, 1)'s own algorithm (argmax of p / q,
-    q ~ Exp(1)), the same draws from the same generator, without its checks of the probabilities, which cost a
-    batch-1 decoding step ~25 µs and two host round trips; probs here always come from a softmax."""
-    q = torch.empty_like(probs).exponential_(1.0, generator=generator)  # (B, V)
-    return (probs / q).argmax(dim=-1)
+    return draw(torch.softmax(logits, dim=-1), [generator] * logits.size(0))
 
 
 def sample_rows(
     logits: torch.Tensor,
-    generators: list[torch.Generator],
+    generators: Sequence[torch.Generator | None],
     temperatures: list[float],
     top_ks: list[int | None],
     top_ps: list[float],
 ) -> list[int]:
     """Next ids of rows that each have their own options and generator (`charlm serve`'s running batch).
 
-    One batched pass over logits (B, V) instead of one sample_next per row; each row spends exactly one uniform draw
-    of its own generator, so its text depends on its seed alone. Top-k keeps exactly k characters (ties broken by
-    order); temperature 0 is argmax, as in sample_next.
+    The same rule as sample_next, row by row: temperature, then top-k (ties with the k-th kept), then top-p, then the
+    draw; temperature 0 is argmax. A row's id depends on its logits, its options and its generator alone, so a seed
+    gives the text `charlm sample` gives, whatever else is running.
     """
-    V = logits.size(-1)
-    logits = logits.float()
-    temperature = torch.tensor(temperatures, device=logits.device)[:, None]  # (B, 1)
-    scaled = logits / temperature.clamp(min=1e-6)
-    ordered, order = torch.sort(scaled, dim=-1, descending=True)  # (B, V) each
-    rank = torch.arange(V, device=logits.device)  # (V,)
-    k = torch.tensor([V if top_k is None else top_k for top_k in top_ks], device=logits.device)[:, None]  # (B, 1)
-    ordered = ordered.masked_fill(rank >= k, float("-inf"))
-    probs = torch.softmax(ordered, dim=-1)
-    before = torch.cumsum(probs, dim=-1) - probs  # probability mass ranked above each character
-    drop = before >= torch.tensor(top_ps, device=logits.device)[:, None]
-    drop[:, 0] = False
-    probs = probs.masked_fill(drop, 0.0)
-    cdf = torch.cumsum(probs, dim=-1)  # (B, V)
-    draws = torch.cat([torch.rand(1, generator=g, device=logits.device) for g in generators])  # (B,)
-    chosen = torch.searchsorted(cdf, (draws * cdf[:, -1])[:, None], right=True).clamp(max=V - 1)  # (B, 1)
-    ids = order.gather(-1, chosen).squeeze(-1)  # (B,)
-    ids = torch.where(temperature[:, 0] == 0, logits.argmax(dim=-1), ids)
-    return ids.tolist()
+    if len(set(temperatures)) == 1 and len(set(top_ks)) == 1 and len(set(top_ps)) == 1:  # one set of options
+        if temperatures[0] == 0:
+            return logits.argmax(dim=-1).tolist()
+        scaled = logits.float() / max(temperatures[0], 1e-6)
+        if top_ks[0] is not None:
+            scaled = filter_top_k(scaled, top_ks[0])
+        return draw(torch.softmax(filter_top_p(scaled, top_ps[0]), dim=-1), generators).tolist()
+    V, device = logits.size(-1), logits.device
+    temperature = torch.tensor(temperatures, device=device)[:, None]  # (B, 1)
+    scaled = logits.float() / temperature.clamp(min=1e-6)
+    k = torch.tensor([V if top_k is None else min(top_k, V) for top_k in top_ks], device=device)[:, None]  # (B, 1)
+    kth = torch.sort(scaled, dim=-1, descending=True).values.gather(-1, k - 1)  # (B, 1)
+    scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+    p = torch.tensor([math.inf if top_p >= 1.0 else top_p for top_p in top_ps], device=device)[:, None]  # (B, 1)
+    scaled = filter_top_p(scaled, p)
+    ids = draw(torch.softmax(scaled, dim=-1), generators)
+    return torch.where(temperature[:, 0] == 0, logits.argmax(dim=-1), ids).tolist()
+
+
+def draw(probs: torch.Tensor, generators: Sequence[torch.Generator | None]) -> torch.Tensor:
+    """One id per row (B,) drawn from probs (B, V), row i with generators[i].
+
+    torch.multinomial(probs, 1)'s own algorithm (argmax of p / q, q ~ Exp(1)), the same draws from the same generator,
+    without its checks of the probabilities (each a host round trip); probs here always come from a softmax. Rows that
+    share a generator take their draws from it together, in row order, exactly as one (B, V) draw would.
+    """
+    q = torch.empty_like(probs)  # (B, V)
+    rows_of: dict[int, list[int]] = {}
+    for row, generator in enumerate(generators):
+        rows_of.setdefault(id(generator), []).append(row)
+    if len(rows_of) == 1:
+        q.exponential_(1.0, generator=generators[0])
+    else:
+        for rows in rows_of.values():
+            index = torch.tensor(rows, device=probs.device)
+            q[index] = torch.empty(len(rows), probs.size(-1), device=probs.device).exponential_(
+                1.0, generator=generators[rows[0]]
+            )
+    return (probs / q).argmax(dim=-1)

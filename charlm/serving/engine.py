@@ -25,6 +25,7 @@ import torch
 from charlm.data.tokenizer import StreamDecoder, Tokenizer
 from charlm.decoding.generate import window_start
 from charlm.decoding.sampling import sample_rows
+from charlm.decoding.stops import StopStrings
 from charlm.errors import UsageError
 from charlm.models.decoder import GPT
 
@@ -57,7 +58,8 @@ class Completion:
     tokens: list[int] = field(default_factory=list)  # the whole text so far; the last one not yet in the cache
     window: int = 0  # absolute positions: where the model's window begins
     generated: int = 0
-    held: list[Piece] = field(default_factory=list)  # text that may be the start of a stop string
+    held: list[Piece] = field(default_factory=list)  # pieces whose text `stops` holds back (their logprobs wait)
+    stops: StopStrings = field(default_factory=lambda: StopStrings([]))
     decoder: StreamDecoder | None = None
     generator: torch.Generator | None = None
 
@@ -157,6 +159,7 @@ class Engine:
             return
         c.tokens = list(c.prompt_ids)
         c.decoder = self.tokenizer.stream_decoder()
+        c.stops = StopStrings(c.stop)
         c.generator = torch.Generator(device=self.device)
         c.generator.manual_seed(c.seed if c.seed is not None else torch.seed())
         row = len(self.rows)
@@ -192,7 +195,7 @@ class Engine:
         finished: list[tuple[int, str]] = []
         tokens = sample_rows(
             logits,
-            [c.generator for c in self.rows],  # type: ignore[misc]  # every joined row has one
+            [c.generator for c in self.rows],  # every joined row has one
             [c.temperature for c in self.rows],
             [c.top_k for c in self.rows],
             [c.top_p for c in self.rows],
@@ -215,18 +218,11 @@ class Engine:
         if logits is not None:
             piece.logprobs.append(self._logprob(logits, token, c.logprobs or 0))
         c.held.append(piece)
-        text = "".join(p.text for p in c.held)
-        for stop in c.stop:
-            at = text.find(stop)
-            if at >= 0:
-                self._emit_text(c, text[:at], c.held)
-                c.held = []
-                return "stop"
-        keep = max((k for s in c.stop for k in range(1, len(s)) if text.endswith(s[:k])), default=0)
-        if keep == 0:
-            self._emit_text(c, text, c.held)
+        passed = c.stops.feed(piece.text)
+        if c.stops.stopped or not c.stops.held:
+            self._emit_text(c, passed, c.held)
             c.held = []
-        return None
+        return "stop" if c.stops.stopped else None
 
     def _emit_text(self, c: Completion, text: str, pieces: list[Piece]) -> None:
         logprobs = [lp for p in pieces for lp in p.logprobs]
@@ -249,9 +245,9 @@ class Engine:
 
     def _finish(self, row: int, reason: str) -> None:
         c = self.rows[row]
-        tail = c.decoder.flush() if c.decoder is not None and reason == "length" else ""
-        if reason == "length" and (c.held or tail):
-            self._emit_text(c, "".join(p.text for p in c.held) + tail, c.held)
+        if reason == "length" and c.decoder is not None:  # what was held back was not a stop string after all
+            passed = c.stops.feed(c.decoder.flush())
+            self._emit_text(c, passed if c.stops.stopped else passed + c.stops.flush(), c.held)
         c.held = []
         c.emit("done", reason)
         self._release(row)
