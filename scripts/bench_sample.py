@@ -41,14 +41,27 @@ sys.path.insert(0, str(ROOT / "scripts"))
 CHILD = r"""
 import hashlib, json, sys, torch
 sys.path.insert(0, sys.argv[1])
-from charlm.config.schema import load_config
-from charlm.decoding.generate import SampleOptions, sample
-from charlm.models.decoder import GPT
-from charlm.data.tokenizer import CharTokenizer
+try:  # packages by role
+    from charlm.config.schema import load_config
+    from charlm.data.tokenizer import CharTokenizer
+    from charlm.decoding.generate import sample
+    from charlm.models.decoder import GPT
+    from charlm.api.model import load
+    from charlm.models.quantize import for_decoding
+    try:
+        from charlm.decoding.options import DecodeOptions as SampleOptions
+    except ImportError:
+        from charlm.decoding.generate import SampleOptions
+except ImportError:  # a tree from before them: one flat package
+    from charlm.config import load_config
+    from charlm.tokenizer import CharTokenizer
+    from charlm.generate import SampleOptions, sample
+    from charlm.model import GPT
+    from charlm.api import load
+    from charlm.quantize import for_decoding
 precision, batch, tokens, cached, checkpoint = sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], sys.argv[6]
 compiled = {"compile": True} if sys.argv[7] == "1" else {}  # only this code's SampleOptions has the field
 if checkpoint:
-    from charlm.api.model import load
     loaded = load(checkpoint, "cpu")
     model, tokenizer = loaded.decoder, loaded.tokenizer
 else:
@@ -58,7 +71,6 @@ else:
     torch.manual_seed(0)
     model = GPT(config.model, tokenizer.vocab_size).eval()
 if precision == "int8":
-    from charlm.models.quantize import for_decoding
     model = for_decoding(model, "int8")
 options = SampleOptions(max_new_tokens=tokens, temperature=1.0, seed=0, num_samples=batch, use_cache=cached == "1",
                         **compiled)

@@ -13,7 +13,8 @@ import charlm
 from charlm.config.schema import ModelConfig
 from charlm.data.tokenizer import CharTokenizer
 from charlm.decoding.compiled import compiled_decoder
-from charlm.decoding.generate import SampleOptions, generate_ids, sample
+from charlm.decoding.generate import generate_ids, sample
+from charlm.decoding.options import DecodeOptions
 from charlm.errors import UsageError
 from charlm.models.decoder import GPT
 
@@ -84,7 +85,7 @@ def test_two_loops_at_once_on_one_model_keep_their_own_caches():
 def test_a_decoder_made_under_inference_mode_serves_callers_outside_it():
     model = small_model()
     tokenizer = CharTokenizer([chr(c) for c in range(97, 117)])
-    options = SampleOptions(max_new_tokens=10, seed=3, compile=True)
+    options = DecodeOptions(max_new_tokens=10, seed=3, compile=True)
     with torch.inference_mode():
         inside = sample(model, tokenizer, [0, 1], options)
     assert sample(model, tokenizer, [0, 1], options).samples == inside.samples
@@ -94,7 +95,7 @@ def test_a_model_compiles_once_and_a_seed_gives_the_same_text_again():
     torch.manual_seed(1)
     model = GPT(ModelConfig(n_layer=2, n_head=2, n_embd=32, block_size=32, dropout=0.0), 20).eval()
     tokenizer = CharTokenizer([chr(c) for c in range(97, 117)])
-    options = SampleOptions(max_new_tokens=50, seed=3, compile=True)
+    options = DecodeOptions(max_new_tokens=50, seed=3, compile=True)
     first, second = (sample(model, tokenizer, [0, 1], options) for _ in range(2))
     assert first.compile_seconds > 0 and second.compile_seconds == 0.0  # the second call reused the compiled step
     assert first.samples == second.samples and len(first.samples[0]) == 52
@@ -105,9 +106,9 @@ def test_a_model_compiles_once_and_a_seed_gives_the_same_text_again():
 
 def test_int8_weights_compile_too(tiny_checkpoint):
     model = charlm.load(tiny_checkpoint, "cpu", "int8")
-    options = SampleOptions(max_new_tokens=60, seed=0, temperature=0.0)
+    options = DecodeOptions(max_new_tokens=60, seed=0, temperature=0.0)
     eager = model.sample(model.encode_prompt("JULIET:"), options).samples[0]
-    compiled = model.sample(model.encode_prompt("JULIET:"), SampleOptions(**{**vars(options), "compile": True}))
+    compiled = model.sample(model.encode_prompt("JULIET:"), DecodeOptions(**{**vars(options), "compile": True}))
     assert compiled.samples[0][:40] == eager[:40] and len(compiled.samples[0]) == len(eager)
 
 
@@ -126,7 +127,7 @@ def test_the_cli_flag_reports_compile_time_and_refuses_no_cache(tiny_checkpoint)
     )
     model = charlm.load(tiny_checkpoint)
     with pytest.raises(UsageError, match="leave out --no-cache"):  # options made in Python are checked too
-        model.sample([0], SampleOptions(use_cache=False, compile=True))
+        model.sample([0], DecodeOptions(use_cache=False, compile=True))
 
 
 def test_a_platform_that_cannot_compile_is_told_in_one_line():
@@ -141,5 +142,5 @@ def test_a_platform_that_cannot_compile_is_told_in_one_line():
         inductor.patch({"fx_graph_cache": False, "cpp.cxx": ("/nonexistent/c++",)}),  # torch's own, undone after
         pytest.raises(UsageError, match="--compile: torch.compile could not build the decoding step.*leave out"),
     ):
-        sample(model, tokenizer, [0], SampleOptions(max_new_tokens=5, seed=0, compile=True))
+        sample(model, tokenizer, [0], DecodeOptions(max_new_tokens=5, seed=0, compile=True))
     assert inductor.fx_graph_cache and inductor.cpp.cxx != ("/nonexistent/c++",)

@@ -6,7 +6,8 @@ from conftest import with_token_shift_weights
 
 from charlm.config.schema import ModelConfig
 from charlm.data.tokenizer import CharTokenizer
-from charlm.decoding.generate import SampleOptions, generate_ids, sample, window_start
+from charlm.decoding.generate import generate_ids, sample, window_start
+from charlm.decoding.options import DecodeOptions
 from charlm.models.decoder import GPT
 
 BLOCK = 16
@@ -87,7 +88,7 @@ def _tok():
 
 def test_stop_strings_end_each_sample_on_its_own():
     m, tok = model(), _tok()
-    options = SampleOptions(max_new_tokens=200, temperature=1.0, seed=3, num_samples=4, stop=["e"])
+    options = DecodeOptions(max_new_tokens=200, temperature=1.0, seed=3, num_samples=4, stop=["e"])
     result = sample(m, tok, tok.encode("the "), options)
     stopped = 0
     for text in result.samples:
@@ -101,7 +102,7 @@ def test_stop_strings_end_each_sample_on_its_own():
 def test_same_seed_same_text_different_seed_different_text():
     m, tok = model(), _tok()
     texts = [
-        sample(m, tok, tok.encode("a"), SampleOptions(max_new_tokens=50, temperature=1.0, seed=s)).samples[0]
+        sample(m, tok, tok.encode("a"), DecodeOptions(max_new_tokens=50, temperature=1.0, seed=s)).samples[0]
         for s in (1, 1, 2)
     ]
     assert texts[0] == texts[1] != texts[2]
@@ -109,4 +110,4 @@ def test_same_seed_same_text_different_seed_different_text():
 
 def test_zero_new_tokens_returns_the_prompt():
     m, tok = model(), _tok()
-    assert sample(m, tok, tok.encode("abc"), SampleOptions(max_new_tokens=0)).samples == ["abc"]
+    assert sample(m, tok, tok.encode("abc"), DecodeOptions(max_new_tokens=0)).samples == ["abc"]

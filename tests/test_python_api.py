@@ -58,8 +58,11 @@ def test_errors_are_the_cli_errors_and_importable_from_charlm(tiny_checkpoint):
     model = charlm.load(tiny_checkpoint)
     with pytest.raises(charlm.UsageError, match="U\\+00E9"):
         model.generate("café")
-    with pytest.raises(charlm.UsageError, match="top-p"):
-        model.generate("a", top_p=0)
+    with pytest.raises(charlm.UsageError, match="top_p must be between 0 and 1"):  # named as the argument is
+        model.generate("a", top_p=1.5)
+    assert model.generate("a", top_p=0, max_new_tokens=5, seed=1) == model.generate(
+        "a", temperature=0, max_new_tokens=5
+    )
     assert issubclass(charlm.UsageError, charlm.CharlmError) and issubclass(charlm.WorkError, charlm.CharlmError)
 
 

@@ -131,7 +131,9 @@ def test_terminal_prompt_temperature_ctrl_c_ctrl_d(tiny_checkpoint):
         os.close(term.fd)
 
 
-@pytest.mark.parametrize("command,message", [("/top-p 2", "--top-p must be in (0, 1]"), ("/nope", "unknown command")])
+@pytest.mark.parametrize(
+    "command,message", [("/top-p 2", "--top-p must be between 0 and 1"), ("/nope", "unknown command")]
+)
 @pytest.mark.process
 def test_terminal_mistake_keeps_the_session(tiny_checkpoint, command, message):
     term = Terminal("sample", str(tiny_checkpoint), "--interactive")

@@ -113,7 +113,7 @@ def test_unknown_prompt_characters_follow_the_policy(tiny_checkpoint):
     "args,needle",
     [
         (["--temperature", "-1"], "--temperature"),
-        (["--top-p", "0"], "--top-p"),
+        (["--top-p", "-0.1"], "--top-p"),
         (["--top-p", "1.5"], "--top-p"),
         (["--top-k", "0"], "--top-k"),
         (["--max-new-tokens", "-5"], "--max-new-tokens"),

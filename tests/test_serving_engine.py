@@ -12,6 +12,7 @@ from conftest import with_token_shift_weights
 from charlm.config.schema import ModelConfig
 from charlm.data.tokenizer import CharTokenizer
 from charlm.decoding.generate import generate_ids
+from charlm.decoding.options import DecodeOptions
 from charlm.models.decoder import GPT
 from charlm.serving.engine import Completion, Engine, QueueFull
 
@@ -46,10 +47,9 @@ class Collector:
             self.done.set()
 
 
-def completion(prompt: list[int], n: int, collector: Collector, **options) -> Completion:
-    settings = {"temperature": 0.0, "top_k": None, "top_p": 1.0, "stop": [], "seed": 0, "logprobs": None}
-    settings.update(options)
-    return Completion(prompt, n, emit=collector, **settings)
+def completion(prompt: list[int], n: int, collector: Collector, logprobs=None, **options) -> Completion:
+    settings = {"temperature": 0.0, "top_k": None, "top_p": 1.0, "stop": [], "seed": 0, **options}
+    return Completion(prompt, DecodeOptions(max_new_tokens=n, **settings), logprobs, emit=collector)
 
 
 @pytest.mark.parametrize(

@@ -18,7 +18,8 @@ from charlm.config import schema as cfg
 from charlm.config.schema import Config
 from charlm.data.corpus import Corpus, encode_compact
 from charlm.data.tokenizer import Tokenizer, UnknownPolicy
-from charlm.decoding.generate import SampleOptions, SampleResult, encode_prompt, refuse_compile_without_cache, sample
+from charlm.decoding.generate import SampleResult, encode_prompt, sample
+from charlm.decoding.options import DecodeOptions, field_name
 from charlm.errors import UsageError
 from charlm.evaluation.loss import EvalResult, full_pass
 from charlm.hardware.device import pick_device
@@ -96,7 +97,7 @@ class Model(ArchMethods):
         return encode_prompt(self.tokenizer, prompt, unknown, replace_with)
 
     def sample(
-        self, prompt_ids: list[int], options: SampleOptions, on_text: Callable[[str], None] | None = None
+        self, prompt_ids: list[int], options: DecodeOptions, on_text: Callable[[str], None] | None = None
     ) -> SampleResult:
         """Every sample of one batch, with timing (what `charlm sample` prints); on_text streams sample 0."""
         return sample(self.decoder, self.tokenizer, prompt_ids, options, on_text=on_text)
@@ -115,8 +116,8 @@ class Model(ArchMethods):
     ) -> str:
         """The prompt and its continuation. Options left as None take the checkpoint's `sample` settings; `compile`
         compiles the decoding step once for this model (`charlm sample --compile`: faster for long texts)."""
-        options = check_sample_options(
-            self.config,
+        options = DecodeOptions.from_config(
+            self.config.sample,
             max_new_tokens=max_new_tokens,
             temperature=temperature,
             top_k=top_k,
@@ -124,7 +125,7 @@ class Model(ArchMethods):
             seed=seed,
             stop=stop,
             compile=compile,
-        )
+        ).checked(field_name)
         return self.sample(self.encode_prompt(prompt, unknown), options).samples[0]
 
     # -- scoring -----------------------------------------------------------------------------
@@ -244,24 +245,6 @@ def export(checkpoint: str | Path, out_dir: str | Path) -> list[Path]:
         scores = None
     sample_text = model.generate("\n", max_new_tokens=300, seed=1).strip("\n")
     return write_export(ckpt, Path(out_dir), model_card(ckpt, params, scores, sample_text, Path(out_dir)))
-
-
-def check_sample_flags(**given: Any) -> None:
-    """Refuse out-of-range sampling options, each in the words of its command-line flag (no model needed)."""
-    if given.get("top_p") is not None and not 0.0 < given["top_p"] <= 1.0:
-        raise UsageError(f"--top-p must be in (0, 1], got {given['top_p']} (1 keeps every character)")
-    for name, low in (("temperature", 0.0), ("max_new_tokens", 0), ("top_k", 1)):
-        if given.get(name) is not None and given[name] < low:
-            raise UsageError(f"--{name.replace('_', '-')} must be >= {low}, got {given[name]}")
-    if any(s == "" for s in given.get("stop") or []):
-        raise UsageError("--stop needs a non-empty string")
-    refuse_compile_without_cache(bool(given.get("compile")), given.get("use_cache") is not False)
-
-
-def check_sample_options(config: Config, **given: Any) -> SampleOptions:
-    """The checkpoint's sample settings with the given ones on top, each checked (the CLI's flags and generate())."""
-    check_sample_flags(**given)
-    return SampleOptions.from_config(config.sample, **given)
 
 
 def _names_a_file(value: str | Path) -> bool:

@@ -73,13 +73,20 @@ class ArchMethods(abc.ABC):
         replace_with: str | None = None,
     ) -> str | list[str]:
         """The target for a source (a list for a list): greedy by default, `beam` > 1 for beam search."""
-        from charlm.decoding.transduce import DecodeOptions, transduce
+        from charlm.decoding.options import DecodeOptions, field_name
+        from charlm.decoding.transduce import transduce
 
         module = self.encoder_decoder
         many = [sources] if isinstance(sources, str) else list(sources)
         ids = [self.encode_source(s, unknown, replace_with) for s in many]
-        options = DecodeOptions(beam, temperature, top_k, top_p, seed)
-        check_decode_options(options)
+        options = DecodeOptions(
+            beam=beam,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            seed=seed,
+            max_new_tokens=self.config.model.block_size,
+        ).checked(field_name)
         targets = [self.tokenizer.decode(t) for t in transduce(module, ids, options)]
         return targets[0] if isinstance(sources, str) else targets
 
@@ -128,7 +135,8 @@ class ArchMethods(abc.ABC):
         """An encoder-decoder on a paired file (default: its own, val split): target loss, exact match, character
         and token error rates of greedy (or beam) decoding."""
         from charlm.data.pairs import PairCorpus
-        from charlm.decoding.transduce import DecodeOptions, score_pairs
+        from charlm.decoding.options import DecodeOptions, field_name
+        from charlm.decoding.transduce import score_pairs
 
         module = self.encoder_decoder
         own = self.config.data.path
@@ -136,8 +144,9 @@ class ArchMethods(abc.ABC):
         split = split or ("val" if _same_file(given, own) else "all")
         data = dataclasses.replace(self.config.data, path=given)
         corpus = PairCorpus.from_config(data, self.config.model.block_size, self.tokenizer)
-        options = DecodeOptions(beam=beam, batch_size=batch_size)
-        check_decode_options(options)
+        room = self.config.model.block_size
+        options = DecodeOptions(beam=beam, batch_size=batch_size, temperature=0.0, max_new_tokens=room)
+        options.checked(field_name)
         with self.scoring_kernels():
             result = score_pairs(module, self.tokenizer.decode, corpus.split(split), options, batch_size)
         result.split, result.file = split, given
@@ -196,19 +205,6 @@ class ArchMethods(abc.ABC):
         with self.scoring_kernels():
             total, right, count = masked_score(module, ids, starts, self.device)
         return MaskedResult(total / count, right / count, count, split, given)
-
-
-def check_decode_options(options: Any) -> None:
-    if not 1 <= options.beam <= 64:
-        raise UsageError(f"beam must be between 1 and 64, got {options.beam}")
-    if options.temperature < 0:
-        raise UsageError(f"temperature must be >= 0, got {options.temperature} (0 = greedy)")
-    if options.top_k is not None and options.top_k < 1:
-        raise UsageError(f"top_k must be >= 1, got {options.top_k}")
-    if options.beam > 1 and (options.temperature or options.top_k is not None or options.top_p < 1):
-        raise UsageError("beam search keeps the most likely hypotheses: leave temperature, top-k and top-p out")
-    if not 0 < options.top_p <= 1:
-        raise UsageError(f"top_p must be in (0, 1], got {options.top_p}")
 
 
 def _same_file(a: str | Path, b: str | Path) -> bool:

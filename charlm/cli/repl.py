@@ -11,9 +11,9 @@ import sys
 from dataclasses import replace
 from typing import Any, TextIO
 
-from charlm.api.model import Model, check_sample_flags
+from charlm.api.model import Model
 from charlm.data.tokenizer import UnknownPolicy
-from charlm.decoding.generate import SampleOptions
+from charlm.decoding.options import DecodeOptions, check_values
 from charlm.errors import CharlmError
 
 HELP = """commands:
@@ -26,7 +26,7 @@ HELP = """commands:
   /quit            leave (or Ctrl-D)
 anything else is a prompt (start it with // to begin a prompt with /); Ctrl-C stops a continuation."""
 
-# command name -> (SampleOptions field, parser); "off" gives None where the field allows it
+# command name -> (DecodeOptions field, parser); "off" gives None where the field allows it
 _COMMANDS = {
     "/temperature": ("temperature", float),
     "/top-k": ("top_k", int),
@@ -37,14 +37,14 @@ _COMMANDS = {
 _NULLABLE = {"top_k", "seed"}
 
 
-def settings_line(options: SampleOptions) -> str:
+def settings_line(options: DecodeOptions) -> str:
     return (
         f"temperature {options.temperature}, top-k {options.top_k or 'off'}, top-p {options.top_p}, "
         f"max {options.max_new_tokens}, seed {'off' if options.seed is None else options.seed}"
     )
 
 
-def apply_command(line: str, options: SampleOptions) -> tuple[SampleOptions, str]:
+def apply_command(line: str, options: DecodeOptions) -> tuple[DecodeOptions, str]:
     """The options after a /command, and what to tell the user; a mistake raises CharlmError with its fix."""
     name, _, value = line.strip().partition(" ")
     value = value.strip()
@@ -62,13 +62,13 @@ def apply_command(line: str, options: SampleOptions) -> tuple[SampleOptions, str
         except ValueError:
             kind = "a number" if parse is float else "a whole number"
             raise CharlmError(f"{name} takes {kind}, got {value!r}") from None
-        check_sample_flags(**{field: parsed})
+        check_values({field: parsed})
     options = replace(options, **{field: parsed})
     return options, "now: " + settings_line(options)
 
 
 def _continue(
-    model: Model, prompt: str, options: SampleOptions, unknown: UnknownPolicy, replace_with: str | None, out: TextIO
+    model: Model, prompt: str, options: DecodeOptions, unknown: UnknownPolicy, replace_with: str | None, out: TextIO
 ) -> None:
     """Stream one continuation to `out`; Ctrl-C ends it early and keeps what was written."""
 
@@ -87,7 +87,7 @@ def _continue(
 
 def run_repl(
     model: Model,
-    options: SampleOptions,
+    options: DecodeOptions,
     unknown: UnknownPolicy = "error",
     replace_with: str | None = None,
     stdin: TextIO | None = None,

@@ -110,8 +110,9 @@ def sample_(
     --prompt-file FILE (- for standard input) rewrites every line and prints source<TAB>target lines.
     """
     needs_torch()
-    from charlm.api.model import check_sample_flags, check_sample_options, load
+    from charlm.api.model import load
     from charlm.data.corpus import read_prompt
+    from charlm.decoding.options import DecodeOptions, check_values
 
     if prompt is not None and prompt_file is not None:
         raise UsageError("give --prompt or --prompt-file, not both")
@@ -122,7 +123,8 @@ def sample_(
         )
     check_replacement(replace_with)
     # flag mistakes first, before looking for a checkpoint
-    check_sample_flags(top_p=top_p, stop=stop, compile=compile_step, use_cache=not no_cache)
+    given = {"max_new_tokens": max_new_tokens, "temperature": temperature, "top_k": top_k, "top_p": top_p}
+    check_values({**given, "stop": stop, "compile": compile_step, "use_cache": not no_cache, "beam": beam})
     model = load(checkpoint_path(checkpoint), device, precision.value)  # a bad checkpoint before a bad prompt
     if model.config.model.arch == "encoder-decoder":
         only_text = {
@@ -134,9 +136,9 @@ def sample_(
             "--compile": compile_step,
             "--interactive": interactive,
         }
-        if given := [flag for flag, used in only_text.items() if used]:
+        if not_for_pairs := [flag for flag, used in only_text.items() if used]:
             raise UsageError(
-                f"{', '.join(given)}: not for an encoder-decoder, which rewrites each source whole (use "
+                f"{', '.join(not_for_pairs)}: not for an encoder-decoder, which rewrites each source whole (use "
                 "--prompt-file - to rewrite lines as they come)"
             )
         decoding = (beam, temperature, top_k, top_p, seed, unknown.value, replace_with)
@@ -145,18 +147,15 @@ def sample_(
     if beam != 1:
         raise UsageError("--beam is for encoder-decoder models; a decoder samples (--temperature 0 is greedy)")
     text = read_prompt(prompt_file) if prompt_file is not None else ("\n" if prompt is None else prompt)
-    options = check_sample_options(
-        model.config,
-        max_new_tokens=max_new_tokens,
-        temperature=temperature,
-        top_k=top_k,
-        top_p=top_p,
+    options = DecodeOptions.from_config(
+        model.config.sample,
+        **given,
         seed=seed,
         stop=stop or [],
         num_samples=num_samples,
         use_cache=not no_cache,
         compile=compile_step,
-    )
+    ).checked()
     if interactive:
         from charlm.cli.repl import run_repl
 

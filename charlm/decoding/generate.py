@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 import torch
 
-from charlm.config.schema import SampleConfig
 from charlm.data.tokenizer import Tokenizer, UnknownPolicy
 from charlm.decoding.compiled import compiled_decoder
+from charlm.decoding.options import DecodeOptions, check_values
 from charlm.decoding.sampling import sample_next
 from charlm.decoding.stops import StopStrings
 from charlm.errors import UsageError
@@ -38,6 +37,32 @@ def window_start(length: int, start: int, block_size: int) -> int:
     return start
 
 
+class ContextWindow:
+    """The windowing policy above for one text: where the model's window begins as the text grows. Used by the
+    decoding loops here and by the server's engine, row by row."""
+
+    def __init__(self, model: GPT):
+        self.relative, self.reach, self.block_size = model.relative_positions, model.reach, model.config.block_size
+        self.start = 0
+
+    def advance(self, length: int) -> int:
+        """The window's start once the text is `length` long; encode from there to see all the model can."""
+        if self.relative:  # rolls: the last `reach` positions are all the next one depends on
+            self.start = max(0, length - self.reach)
+        else:
+            self.start = window_start(length, self.start, self.block_size)
+        return self.start
+
+    def jumps(self, length: int) -> bool:
+        """Absolute positions: whether the window must jump forward (and be re-encoded) at this length."""
+        return not self.relative and window_start(length, self.start, self.block_size) != self.start
+
+    def position(self, start: int) -> int:
+        """The position the model gives the window's first character: its place in the text, or 0 for absolute
+        positions, which restart with each window."""
+        return start if self.relative else 0
+
+
 @torch.inference_mode()
 def generate_ids(
     model: GPT,
@@ -50,7 +75,7 @@ def generate_ids(
 ) -> Iterator[torch.Tensor]:
     """Yield the next ids (B,) step by step, every row continuing the same prompt; `compile`: single positions go
     through a compiled step with a cache of its own (charlm/decoding/compiled.py)."""
-    refuse_compile_without_cache(compile, use_cache)
+    check_values({"compile": compile, "use_cache": use_cache})
     device, dtype = next(model.parameters()).device, next(model.parameters()).dtype
     tokens = torch.empty(batch, len(prompt) + max_new_tokens, dtype=torch.long, device=device)
     tokens[:, : len(prompt)] = torch.tensor(prompt, dtype=torch.long, device=device)
@@ -72,34 +97,19 @@ def _decode(
 ) -> Iterator[torch.Tensor]:
     """Fill tokens (B, L) from position n on, yielding each step's ids (B,): first chunks (and re-encoded windows)
     through model(), single new positions through decode_one; with no cache, the whole window every step."""
-    block_size, start, reach = model.config.block_size, 0, model.reach
+    window = ContextWindow(model)
     for _ in range(tokens.size(1) - n):
-        if model.relative_positions:
-            first = max(0, n - reach)
-            if cache is None or cache.length == 0:  # reference every step, or the cached path's first chunk
-                logits = model(tokens[:, first:n], cache=cache, start_pos=first)[0]
-            else:
-                logits = decode_one(tokens[:, n - 1 : n])  # one new position; the oldest rolls out
-        else:
-            new_start = window_start(n, start, block_size)
-            if cache is None:
-                logits = model(tokens[:, new_start:n])[0]  # reference: the whole window, every step
-            elif new_start != start or cache.length == 0:
+        if cache is None or cache.length == 0 or window.jumps(n):  # reference every step, a first chunk, a jump
+            first = window.advance(n)
+            if cache is not None:
                 cache.reset()  # (re-)encode the window once
-                logits = model(tokens[:, new_start:n], cache=cache)[0]
-            else:
-                logits = decode_one(tokens[:, n - 1 : n])  # one new position
-            start = new_start
+            logits = model(tokens[:, first:n], cache=cache, start_pos=window.position(first))[0]
+        else:
+            logits = decode_one(tokens[:, n - 1 : n])  # one new position (relative positions: the oldest rolls out)
         next_ids = choose(logits[:, -1])  # (B,)
         tokens[:, n] = next_ids
         n += 1
         yield next_ids
-
-
-def refuse_compile_without_cache(compile: bool, use_cache: bool) -> None:
-    """The compiled step is the cached one's: --compile with --no-cache is a contradiction, told in one line."""
-    if compile and not use_cache:
-        raise UsageError("--compile compiles the cached decoding step: leave out --no-cache")
 
 
 def teacher_forced(model: GPT, ids: torch.Tensor, compile: bool = False) -> tuple[list[int], float]:
@@ -122,32 +132,12 @@ def teacher_forced(model: GPT, ids: torch.Tensor, compile: bool = False) -> tupl
 
 
 @dataclass
-class SampleOptions:
-    max_new_tokens: int = 500
-    temperature: float = 0.8
-    top_k: int | None = None
-    top_p: float = 1.0
-    seed: int | None = None
-    num_samples: int = 1
-    stop: list[str] = field(default_factory=list)
-    use_cache: bool = True
-    compile: bool = False  # single positions through a compiled step (charlm/decoding/compiled.py); needs use_cache
-
-    @classmethod
-    def from_config(cls, defaults: SampleConfig, **overrides: Any) -> SampleOptions:
-        """The checkpoint's sample section, with every override that is not None on top."""
-        values = {k: getattr(defaults, k) for k in ("max_new_tokens", "temperature", "top_k", "top_p")}
-        values.update({k: v for k, v in overrides.items() if v is not None})
-        return cls(**values)
-
-
-@dataclass
 class SampleResult:
     samples: list[str]  # each starts with the prompt
     generated_chars: int  # tokens generated (characters, or bytes), over all samples, up to their stop strings
     seconds: float  # generation time (model loading and compiling excluded)
     replaced: int = 0  # byte models: characters shown as U+FFFD because the bytes were not valid UTF-8
-    compile_seconds: float = 0.0  # SampleOptions.compile: seconds compiling the step took (0: it was compiled before)
+    compile_seconds: float = 0.0  # DecodeOptions.compile: seconds compiling the step took (0: it was compiled before)
 
     @property
     def chars_per_s(self) -> float:
@@ -167,7 +157,7 @@ def sample(
     model: GPT,
     tokenizer: Tokenizer,
     prompt_ids: list[int],
-    options: SampleOptions,
+    options: DecodeOptions,
     on_text: Callable[[str], None] | None = None,
 ) -> SampleResult:
     """Generate num_samples continuations in one batch; on_text streams sample 0's new characters."""
@@ -186,7 +176,7 @@ def sample(
     stops = [StopStrings(options.stop) for _ in range(options.num_samples)]
     model.eval()
     compile_seconds = 0.0
-    refuse_compile_without_cache(options.compile, options.use_cache)
+    check_values({"compile": options.compile, "use_cache": options.use_cache})
     if options.compile:
         device, dtype = next(model.parameters()).device, next(model.parameters()).dtype
         with compiled_decoder(model, options.num_samples, device, dtype) as compiled:

@@ -14,19 +14,9 @@ import torch
 
 from charlm.data.pairs import Pair, pad_batch, pairs_total
 from charlm.data.tokenizer import BOS, EOS, PAD
+from charlm.decoding.options import DecodeOptions
 from charlm.decoding.sampling import sample_next
 from charlm.models.encoder_decoder import EncoderDecoder
-
-
-@dataclass
-class DecodeOptions:
-    beam: int = 1  # 1: greedy (temperature 0) or sampled; N > 1: beam search, length-normalised
-    temperature: float = 0.0
-    top_k: int | None = None
-    top_p: float = 1.0
-    seed: int | None = None
-    max_len: int | None = None  # target characters at most (default: the model's block_size - 1)
-    batch_size: int = 64
 
 
 @torch.no_grad()
@@ -51,23 +41,43 @@ def transduce(model: EncoderDecoder, sources: list[list[int]], options: DecodeOp
 
 def _limit(model: EncoderDecoder, options: DecodeOptions) -> int:
     room = model.config.block_size - 1  # BOS takes the first position
-    return min(options.max_len, room) if options.max_len is not None else room
+    return min(options.max_new_tokens, room)
+
+
+class TargetSteps:
+    """The target side of transduction, one position at a time for every row: the sources encoded once (each repeated
+    `copies` times, one row per beam), a KV cache, and next-character logits in which padding and the start symbol
+    are never chosen. Greedy, sampled and beam decoding all step through it."""
+
+    def __init__(self, model: EncoderDecoder, sources: list[list[int]], copies: int = 1):
+        self.model, self.device = model, next(model.parameters()).device
+        (src, _), _ = pad_batch([(s, []) for s in sources], self.device)
+        encoded, key_mask = model.encode(src)  # once per source
+        if copies > 1:
+            encoded, key_mask = encoded.repeat_interleave(copies, dim=0), key_mask.repeat_interleave(copies, dim=0)
+        self.memory, self.key_mask = model.memory(encoded), key_mask
+        self.cache = model.new_cache(len(sources) * copies, self.device)
+
+    def logits(self, token: torch.Tensor) -> torch.Tensor:
+        """Each row's next-character logits (R, V) after feeding it `token` (R, 1)."""
+        logits = self.model.decode(token, self.memory, self.key_mask, self.cache)[:, -1].float()  # (R, V)
+        logits[:, [PAD, BOS]] = -math.inf  # never written inside a target
+        return logits
+
+    def keep_rows(self, index: torch.Tensor) -> None:
+        """Continue from these rows (beam search: the hypotheses kept, in their new order)."""
+        self.cache.select_rows(index)
 
 
 def _decode_batch(
     model: EncoderDecoder, sources: list[list[int]], options: DecodeOptions, generator: torch.Generator
 ) -> list[list[int]]:
-    device = next(model.parameters()).device
-    (src, _), _ = pad_batch([(s, []) for s in sources], device)
-    encoded, key_mask = model.encode(src)  # once per source
-    memory = model.memory(encoded)
-    cache = model.new_cache(len(sources), device)
-    token = torch.full((len(sources), 1), BOS, dtype=torch.long, device=device)  # (B, 1)
+    steps = TargetSteps(model, sources)
+    token = torch.full((len(sources), 1), BOS, dtype=torch.long, device=steps.device)  # (B, 1)
     out: list[list[int]] = [[] for _ in sources]
-    done = torch.zeros(len(sources), dtype=torch.bool, device=device)
+    done = torch.zeros(len(sources), dtype=torch.bool, device=steps.device)
     for _ in range(_limit(model, options)):
-        logits = model.decode(token, memory, key_mask, cache)[:, -1].float()  # (B, V)
-        logits[:, [PAD, BOS]] = -math.inf  # never written inside a target
+        logits = steps.logits(token)  # (B, V)
         nxt = sample_next(logits, generator, options.temperature, options.top_k, options.top_p)  # (B,)
         for row, t in enumerate(nxt.tolist()):
             if not done[row] and t != EOS:
@@ -91,13 +101,9 @@ def beam_batch(model: EncoderDecoder, sources: list[list[int]], options: DecodeO
     included), so short hypotheses are not favoured merely for having fewer terms (length normalisation). A
     source stops once N hypotheses have ended and no live one scores better than the best ended one so far.
     """
-    device = next(model.parameters()).device
     B, N, limit = len(sources), options.beam, _limit(model, options)
-    (src, _), _ = pad_batch([(s, []) for s in sources], device)
-    encoded, key_mask = model.encode(src)  # once per source, then shared by its N rows
-    memory = model.memory(encoded.repeat_interleave(N, dim=0))
-    key_mask = key_mask.repeat_interleave(N, dim=0)
-    cache = model.new_cache(B * N, device)
+    steps = TargetSteps(model, sources, copies=N)  # each source encoded once, then shared by its N rows
+    device = steps.device
     scores = torch.full((B, N), -math.inf, device=device)
     scores[:, 0] = 0.0  # one live beam to begin with: no duplicates
     beams: list[list[list[int]]] = [[[] for _ in range(N)] for _ in range(B)]
@@ -105,9 +111,7 @@ def beam_batch(model: EncoderDecoder, sources: list[list[int]], options: DecodeO
     done = [False] * B
     token = torch.full((B * N, 1), BOS, dtype=torch.long, device=device)
     for length in range(1, limit + 2):
-        logits = model.decode(token, memory, key_mask, cache)[:, -1].float()  # (B·N, V)
-        logits[:, [PAD, BOS]] = -math.inf  # never written inside a target
-        logp = torch.log_softmax(logits, dim=-1)
+        logp = torch.log_softmax(steps.logits(token), dim=-1)  # (B·N, V)
         V = logp.size(-1)
         if length > limit:  # no room for another character: every live hypothesis ends here, with its EOS
             ends = (scores + logp[:, EOS].view(B, N)).tolist()
@@ -145,7 +149,7 @@ def beam_batch(model: EncoderDecoder, sources: list[list[int]], options: DecodeO
             break
         scores = torch.tensor(next_scores, device=device)
         index = torch.tensor(rows, device=device)
-        cache.select_rows(index)
+        steps.keep_rows(index)
         token = torch.tensor(next_tokens, device=device)[:, None]
     return [max(f, key=lambda x: x[0])[1] if f else beams[b][0] for b, f in enumerate(finished)]
 

@@ -7,7 +7,7 @@ row, each at its own position. Scoring and attention requests run on the same th
 only ever used by one thread.
 
 Each completion draws from its own seeded generator, so a seed fixes its text whatever else is running (up to the
-rounding differences of a different batch size). The windowing policy is generate.py's.
+rounding differences of a different batch size). The windowing policy is generate.py's ContextWindow, one per row.
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ from typing import Any
 import torch
 
 from charlm.data.tokenizer import StreamDecoder, Tokenizer
-from charlm.decoding.generate import window_start
+from charlm.decoding.generate import ContextWindow
+from charlm.decoding.options import DecodeOptions
 from charlm.decoding.sampling import sample_rows
 from charlm.decoding.stops import StopStrings
 from charlm.errors import UsageError
@@ -45,18 +46,13 @@ class Completion:
     """One continuation of one prompt, and its progress."""
 
     prompt_ids: list[int]
-    max_tokens: int
-    temperature: float
-    top_k: int | None
-    top_p: float
-    stop: list[str]
-    seed: int | None
+    options: DecodeOptions  # max_new_tokens, temperature, top-k, top-p, seed and stop strings are used here
     logprobs: int | None  # how many alternatives to report per token; None: no log-probabilities
     emit: Emit
     cancelled: threading.Event = field(default_factory=threading.Event)
     # progress, owned by the engine thread
     tokens: list[int] = field(default_factory=list)  # the whole text so far; the last one not yet in the cache
-    window: int = 0  # absolute positions: where the model's window begins
+    window: ContextWindow | None = None  # where the model's window begins (generate.py's policy), set on joining
     generated: int = 0
     held: list[Piece] = field(default_factory=list)  # pieces whose text `stops` holds back (their logprobs wait)
     stops: StopStrings = field(default_factory=lambda: StopStrings([]))
@@ -159,18 +155,16 @@ class Engine:
             return
         c.tokens = list(c.prompt_ids)
         c.decoder = self.tokenizer.stream_decoder()
-        c.stops = StopStrings(c.stop)
+        c.stops = StopStrings(c.options.stop)
         c.generator = torch.Generator(device=self.device)
-        c.generator.manual_seed(c.seed if c.seed is not None else torch.seed())
+        c.generator.manual_seed(c.options.seed if c.options.seed is not None else torch.seed())
         row = len(self.rows)
         self.rows.append(c)
         self.cache.active = len(self.rows)
-        if self.module.relative_positions:
-            first = max(0, len(c.tokens) - self.module.reach)
-        else:
-            first = c.window = window_start(len(c.tokens), 0, self.module.config.block_size)
-        self._encode_row(row, c.tokens[first:-1], first if self.module.relative_positions else 0)
-        if c.max_tokens == 0:
+        c.window = ContextWindow(self.module)
+        first = c.window.advance(len(c.tokens))
+        self._encode_row(row, c.tokens[first:-1], c.window.position(first))
+        if c.options.max_new_tokens == 0:
             self._finish(row, "length")
 
     def _encode_row(self, row: int, ids: list[int], start_pos: int) -> None:
@@ -182,13 +176,11 @@ class Engine:
         self.cache.load_row(row, single)
 
     def _step(self) -> None:
-        block_size = self.module.config.block_size
         if not self.module.relative_positions:  # a row whose text outgrew its window jumps forward (re-encoded)
             for row, c in enumerate(self.rows):
-                start = window_start(len(c.tokens), c.window, block_size)
-                if start != c.window:
-                    c.window = start
-                    self._encode_row(row, c.tokens[start:-1], 0)
+                if c.window is not None and c.window.jumps(len(c.tokens)):
+                    first = c.window.advance(len(c.tokens))
+                    self._encode_row(row, c.tokens[first:-1], c.window.position(first))
         last = torch.tensor([[c.tokens[-1]] for c in self.rows], device=self.device)  # (B, 1)
         logits = self.module(last, cache=self.cache)[0][:, -1].float()  # (B, V)
         self.steps += 1
@@ -196,15 +188,15 @@ class Engine:
         tokens = sample_rows(
             logits,
             [c.generator for c in self.rows],  # every joined row has one
-            [c.temperature for c in self.rows],
-            [c.top_k for c in self.rows],
-            [c.top_p for c in self.rows],
+            [c.options.temperature for c in self.rows],
+            [c.options.top_k for c in self.rows],
+            [c.options.top_p for c in self.rows],
         )
         for row, (c, token) in enumerate(zip(self.rows, tokens, strict=True)):
             c.tokens.append(token)
             c.generated += 1
             reason = self._deliver(c, token, logits[row] if c.logprobs is not None else None)
-            if reason is None and c.generated >= c.max_tokens:
+            if reason is None and c.generated >= c.options.max_new_tokens:
                 reason = "length"
             if reason is not None:
                 finished.append((row, reason))

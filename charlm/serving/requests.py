@@ -7,8 +7,11 @@ request never silently means something else here than there.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
+
+from charlm.decoding.options import DecodeOptions, OptionError
 
 
 @dataclass(frozen=True)
@@ -35,13 +38,8 @@ class BadRequest(Exception):
 class CompletionRequest:
     model: str | None  # None: the one model this server holds
     prompts: list[str]
-    max_tokens: int
-    temperature: float
-    top_p: float
-    top_k: int | None
+    options: DecodeOptions  # each choice's; choice j of a prompt is seeded with seed + j
     n: int
-    stop: list[str]
-    seed: int | None
     stream: bool
     logprobs: int | None
     include_usage: bool
@@ -68,9 +66,14 @@ def _number(body: dict, name: str, default: Any, low: float, high: float, whole:
     if isinstance(value, bool) or not ok:
         kind = "a whole number" if whole else "a number"
         raise BadRequest(400, f"{name} must be {kind}, got {value!r}", name)
-    if not low <= value <= high:
+    if not low <= value <= high:  # the server's own limits (ranges every decoder shares: DecodeOptions.checked)
         raise BadRequest(400, f"{name} must be between {low} and {high}, got {value}", name)
     return value
+
+
+def json_name(option: str) -> str:
+    """How OpenAI's completions API names a decoding option."""
+    return "max_tokens" if option == "max_new_tokens" else option
 
 
 def parse_completion(body: Any, limits: Limits) -> CompletionRequest:
@@ -119,18 +122,23 @@ def parse_completion(body: Any, limits: Limits) -> CompletionRequest:
     options = body.get("stream_options") or {}
     if not isinstance(options, dict) or not isinstance(options.get("include_usage", False), bool):
         raise BadRequest(400, 'stream_options must be {"include_usage": true|false}', "stream_options")
-    top_k = _number(body, "top_k", None, 1, 1_000_000, whole=True)
-    seed = _number(body, "seed", None, -(2**63), 2**63 - 1, whole=True)
+    decoding = DecodeOptions(
+        max_new_tokens=max_tokens,
+        temperature=_number(body, "temperature", 1.0, -math.inf, math.inf, whole=False),
+        top_k=_number(body, "top_k", None, -math.inf, math.inf, whole=True),
+        top_p=_number(body, "top_p", 1.0, -math.inf, math.inf, whole=False),
+        seed=_number(body, "seed", None, -(2**63), 2**63 - 1, whole=True),
+        stop=stops,
+    )
+    try:
+        decoding.checked(json_name)  # the rule every other way of decoding follows
+    except OptionError as e:
+        raise BadRequest(400, str(e), json_name(e.option)) from None
     return CompletionRequest(
         model=model,
         prompts=prompts,
-        max_tokens=max_tokens,
-        temperature=_number(body, "temperature", 1.0, 0.0, 2.0, whole=False),
-        top_p=_number(body, "top_p", 1.0, 0.0, 1.0, whole=False) or 1e-9,  # 0 keeps only the most likely character
-        top_k=top_k,
+        options=decoding,
         n=n,
-        stop=stops,
-        seed=seed,
         stream=stream,
         logprobs=_number(body, "logprobs", None, 0, 5, whole=True),
         include_usage=bool(options.get("include_usage", False)),

@@ -194,12 +194,7 @@ def create_app(
         jobs = [
             Completion(
                 ids,
-                req.max_tokens,
-                req.temperature,
-                req.top_k,
-                req.top_p,
-                req.stop,
-                None if req.seed is None else req.seed + j,
+                req.options.with_(seed=None if req.options.seed is None else req.options.seed + j),
                 req.logprobs,
                 emitter(i * req.n + j),
             )
