@@ -1,5 +1,5 @@
 """Training throughput of several commits at nanoGPT's CPU shape, alternating commit by commit in one invocation: to
-find which commit changed the speed (the 5-8% drop after 64469ce that docs/benchmarks.md left unexplained).
+find which commit changed the speed (docs/benchmarks.md, "Training throughput by commit").
 
     python scripts/bisect_throughput.py --data data/tinyshakespeare.txt --revs 64469ce 52063d3 8102dcf HEAD
     python scripts/bisect_throughput.py --data data/tinyshakespeare.txt --revs 64469ce HEAD --rounds 4 --record

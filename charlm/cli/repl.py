@@ -19,7 +19,7 @@ from charlm.errors import CharlmError
 HELP = """commands:
   /temperature T   softmax temperature (0 = greedy)
   /top-k K         keep the K most likely characters (/top-k off keeps all)
-  /top-p P         nucleus sampling, 0 < P <= 1
+  /top-p P         nucleus sampling, 0 <= P <= 1 (0: the most likely character alone)
   /max N           characters to generate per prompt
   /seed S          fix the seed (/seed off: a new one each time)
   /help            this list, with the current settings

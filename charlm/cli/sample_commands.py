@@ -42,7 +42,7 @@ def sample_(
     ] = None,
     top_p: Annotated[
         Optional[float],
-        typer.Option(help="Nucleus: keep the smallest set of characters reaching probability P (0 < P <= 1)."),
+        typer.Option(help="Nucleus: keep the smallest set of characters reaching probability P (0 <= P <= 1)."),
     ] = None,
     seed: Annotated[
         Optional[int], typer.Option(help="Same seed and options give the same text on the same device.")

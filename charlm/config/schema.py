@@ -217,9 +217,9 @@ class TrainConfig:
     compile: Literal["auto", "true", "false"] = documented("auto", "torch.compile: auto = on CUDA only; true; false")
     cpu_linear: Literal["auto", "onednn", "torch"] = documented(
         "auto",
-        "float32 linear layers on a CPU: onednn = oneDNN's kernels (the same float32 arithmetic, 1.2-1.4x faster "
-        "training steps where torch's default MKL is slow: AMD); torch = torch's default; auto = onednn on x86-64 "
-        "CPUs whose vendor is known and not Intel",
+        "float32 linear layers on a CPU: onednn = oneDNN's kernels (the same float32 arithmetic, faster where "
+        "torch's default MKL takes a slow path: AMD; docs/benchmarks.md); torch = torch's default; auto = onednn on "
+        "x86-64 CPUs whose vendor is known and not Intel",
     )
     loggers: list[Logger] = documented(
         ["jsonl"],

@@ -1,10 +1,10 @@
 """A compiled decoding step (`charlm sample --compile`): one character per step with shapes that never change, so
-torch.compile fuses a step's ~200 small operations into a few kernels once and reuses them for every position.
+torch.compile fuses a step's many small operations into a few kernels once and reuses them for every position.
 
 At batch 1 a decoding step is hundreds of tiny operations (norms, attention over one query, activations, casts),
-each costing more in dispatch than in arithmetic: with int8 weights at 6 x 384 they take about half of the step
-(docs/benchmarks.md). Compiled, a batch-1 step runs ~1.6-1.7x faster after seconds of compiling, so it pays for
-long texts and interactive sessions, not for a 100-character sample; it is opt-in. The first chunk (the prompt) is
+each costing more in dispatch than in arithmetic: with int8 weights on a big model they are much of the step.
+Compiled, a batch-1 step runs faster after seconds of compiling (docs/benchmarks.md), so it pays for long texts and
+interactive sessions, not for a 100-character sample; it is opt-in. The first chunk (the prompt) is
 encoded eagerly, exactly as without --compile; the compiled steps attend to every slot of a StaticCache through a
 mask, which rounds differently from attending to the filled slots only, so a seed's text can differ after a while
 (as with int8: scripts/bench_sample.py measures next-character agreement).
@@ -43,8 +43,8 @@ class CompiledDecoder:
         self.busy = False  # held by a decoding loop (compiled_decoder)
         # isolate_recompiles: torch.compile keeps at most recompile_limit (8) versions of _step per code object,
         # one per model shape; counted per decoder instead, a notebook that samples from models of many shapes
-        # keeps them all compiled rather than running the ninth uncompiled behind a logged warning (measured).
-        compile_: Any = torch.compile  # its typed overloads do not list isolate_recompiles yet (torch 2.13)
+        # keeps them all compiled rather than running the ninth uncompiled behind a logged warning.
+        compile_: Any = torch.compile  # its typed overloads do not list isolate_recompiles (docs/benchmarks.md)
         self.compiled: Any = _refusing_in_one_line(lambda: compile_(self._step, dynamic=False, isolate_recompiles=True))
 
     def _step(self, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:

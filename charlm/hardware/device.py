@@ -80,12 +80,11 @@ def cpu_bf16_units() -> str | None:
 
 
 def cpu_bf16_pays(width: int, tokens: int, units: str = "amx", onednn: bool = False) -> bool:
-    """Where bf16 autocast trained clearly faster than float32 (scripts/bench_bf16.py's maps, docs/benchmarks.md).
-    AMX: from 256 wide at any batch (1.2x and more), from 128 wide once a micro-batch holds 1.5M token-features
-    (batch x context x width: the G2P recipe, 1.2x). AVX-512 BF16 (an AMD EPYC, two runs of the map): from 192 wide
-    at any batch (1.07-1.70x, mostly above 1.3x), from 128 wide from 0.5M token-features (1.12-1.45x); 96 wide
-    0.89-1.26x, never. Against float32 on oneDNN's kernels (`onednn`, train.cpu_linear), AVX-512 BF16 pays only from
-    384 wide (1.06-1.59x; 0.72-1.06x below, the 2026-11-23 map)."""
+    """Where bf16 autocast trained clearly faster than float32 (scripts/bench_bf16.py's maps; the figures are in
+    docs/benchmarks.md). AMX: from 256 wide at any batch, from 128 wide once a micro-batch holds 1.5M token-features
+    (batch x context x width: the G2P recipe). AVX-512 BF16: from 192 wide at any batch, from 128 wide from 0.5M
+    token-features; never at 96 wide. Against float32 on oneDNN's kernels (`onednn`, train.cpu_linear), AVX-512 BF16
+    pays only from 384 wide."""
     if units == "avx512" and onednn:
         return width >= 384
     if units == "avx512":
@@ -117,7 +116,8 @@ def autocast(device: torch.device, dtype: torch.dtype | None) -> contextlib.Abst
 
 
 def should_compile(device: torch.device, requested: str) -> bool:
-    """`auto` compiles on CUDA only: on CPU, torch.compile measured no faster here and costs ~30 s up front."""
+    """`auto` compiles on CUDA only: on CPU a compiled training step is no faster and costs seconds of compiling up
+    front (docs/benchmarks.md)."""
     if requested == "auto":
         return device.type == "cuda"
     return requested == "true"

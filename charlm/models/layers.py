@@ -61,15 +61,15 @@ class Rotary(nn.Module):
         inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
         self.register_buffer("inv_freq", inv_freq, persistent=False)
         # The last positions' rotation: queries and keys, and every layer sharing this module, rotate by the same
-        # angles in one forward pass; a decoding step otherwise spent ~20% of its time recomputing them.
+        # angles in one forward pass; recomputing them was a large share of a decoding step (docs/benchmarks.md).
         self.last: tuple[torch.Tensor, tuple[torch.dtype, int], Rotation] | None = None
 
     def forward(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         """x: (B, nh, T, hd), pos: (T,) absolute positions, or (B, T) when each row has its own."""
         cos, sin, turn = self.rotation(pos, x.dtype, x.device)
         if turn is not None:
-            # Each (even, odd) pair as one complex number turned by cos + i sin: one kernel forward and backward, 5x
-            # faster on the CPU than the four products below (the same rotation, to a rounding).
+            # Each (even, odd) pair as one complex number turned by cos + i sin: one kernel forward and backward,
+            # much faster on the CPU than the four products below (the same rotation, to a rounding).
             pairs = torch.view_as_complex((x if _pairs_view_ok(x) else x.contiguous()).unflatten(-1, (-1, 2)))
             return torch.view_as_real(pairs * turn).flatten(-2)  # (B, nh, T, hd)
         even, odd = x[..., 0::2], x[..., 1::2]

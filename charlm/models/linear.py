@@ -2,8 +2,8 @@
 
 Why: torch's x86 CPU build multiplies float32 matrices with MKL's sgemm, which takes a slow path on AMD CPUs;
 oneDNN (also inside torch) computes the same float32 products, with no lower precision, only another order of
-summation, faster there: 1.21-1.43x a whole training step at nanoGPT's CPU shape on an AMD EPYC
-(docs/benchmarks.md). `train.cpu_linear` chooses; the training header says which kernels ran.
+summation, faster there (docs/benchmarks.md, over a whole training step). `train.cpu_linear` chooses; the training
+header says which kernels ran.
 """
 
 from __future__ import annotations

@@ -50,8 +50,9 @@ class Int8Linear(nn.Module):
 def quantize_linears(module: nn.Module, keep: tuple[nn.Module, ...] = ()) -> int:
     """Replace every nn.Linear inside `module` but those in `keep` by an Int8Linear, in place; how many were replaced.
 
-    A Linear whose input width is not a multiple of 16 stays float32: torch 2.13's AVX-512 kernel reads its input in
-    blocks of 16 and crashes on other widths (measured; its AVX2 and plain kernels take any)."""
+    A Linear whose input width is not a multiple of 16 stays float32: torch's AVX-512 int8 kernel reads its input in
+    blocks of 16 and crashes on other widths (its AVX2 and plain kernels take any; docs/benchmarks.md names the
+    version)."""
     replaced = 0
     for name, child in module.named_children():
         if isinstance(child, nn.Linear) and child.in_features % 16 == 0 and not any(child is k for k in keep):
@@ -66,8 +67,8 @@ def for_decoding(module: AnyModule, precision: str) -> AnyModule:
     """The model in the precision asked for decoding: float32 as it is, int8 quantized in place (CPU only).
 
     The output head stays float32: it is small (vocabulary x width), so int8 would save little reading, and its
-    rounding lands directly on the logits that rank the next character (measured on the default model: 99.35% top-1
-    agreement with float32 over 10,000 steps with it kept, 98.97% with it quantized). A mixture's routers stay
+    rounding lands directly on the logits that rank the next character (quantizing it lowers the next-character
+    agreement with float32 on the default model: docs/benchmarks.md). A mixture's routers stay
     float32 for the same reason: they rank experts as the head ranks characters."""
     if precision not in PRECISIONS:
         raise UsageError(f"--precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
