@@ -9,8 +9,8 @@ from conftest import SMALL, run_cli
 
 from charlm.config.schema import Config, ModelConfig
 from charlm.decoding.generate import generate_ids
+from charlm.families.registry import model_info
 from charlm.models.decoder import GPT
-from charlm.models.info import model_info
 from charlm.models.layers import Rotary, alibi_slopes, sinusoidal_table
 from charlm.storage.checkpoint import load_checkpoint, save_checkpoint
 

@@ -25,8 +25,8 @@ from charlm.data.tokenizer import BOS, EOS, PAD
 from charlm.decoding.options import DecodeOptions
 from charlm.decoding.transduce import beam_search, edit_distance, transduce
 from charlm.errors import UsageError
+from charlm.families.registry import model_info
 from charlm.models.encoder_decoder import EncoderDecoder
-from charlm.models.info import model_info
 
 PAIRS = ["--set", "model.arch=encoder-decoder", "--set", "data.format=pairs"]
 SHAPE = [

@@ -21,8 +21,8 @@ import charlm
 from charlm.config.schema import load_config
 from charlm.data.corpus import IGNORE
 from charlm.errors import UsageError
+from charlm.families.registry import model_info
 from charlm.models.encoder import EncoderOnly, hide
-from charlm.models.info import model_info
 
 ENCODER = [*SMALL, "--set", "model.arch=encoder", "--set", "train.batch_size=64"]
 

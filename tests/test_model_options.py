@@ -6,10 +6,9 @@ import torch.nn.functional as F
 from conftest import with_token_shift_weights
 
 from charlm.config.schema import ModelConfig
+from charlm.families.registry import build_model, model_info
 from charlm.models.decoder import GPT
-from charlm.models.info import model_info
 from charlm.models.layers import TokenShift
-from charlm.models.registry import build_model
 
 BASE = dict(n_layer=2, n_head=2, n_embd=16, block_size=8)
 

@@ -6,8 +6,8 @@ import torch
 from conftest import SMALL, assert_one_line_error, run_cli
 
 from charlm.config.schema import ModelConfig
+from charlm.families.registry import model_info
 from charlm.models.decoder import GPT
-from charlm.models.info import model_info
 from charlm.models.layers import MixtureOfExperts
 
 MOE = ModelConfig(n_layer=2, n_head=2, n_embd=16, block_size=8, n_experts=4, expert_top_k=2)

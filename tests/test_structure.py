@@ -20,6 +20,7 @@ LAYERS: list[set[str]] = [
     {"data"},
     {"models"},
     {"evaluation", "decoding"},
+    {"families"},
     {"storage"},
     {"training"},
     {"api"},
@@ -143,3 +144,42 @@ def test_no_module_is_over_400_lines():
         str(p.relative_to(PACKAGE)): n for p in PACKAGE.rglob("*.py") if (n := len(p.read_text().splitlines())) > 400
     }
     assert not long, long
+
+
+# The classes of a model family or of its data: code outside charlm/families/ calls through a family object instead of
+# asking which of these it holds.
+FAMILY_CLASSES = {"GPT", "EncoderDecoder", "EncoderOnly", "Corpus", "PairCorpus", "RandomWindows", "PairBatches"}
+FAMILY_CLASSES |= {"MaskedWindows", "Model"}
+
+
+def family_branches(path: Path) -> list[str]:
+    """`x.arch == "..."` (or !=, in, not in) and isinstance(x, <family or corpus class>) in one file."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            if any(isinstance(s, ast.Attribute) and s.attr == "arch" for s in sides):
+                found.append(f"{path.name}:{node.lineno} compares model.arch")
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "isinstance":
+            classes = node.args[1] if len(node.args) > 1 else None
+            names = {n.id if isinstance(n, ast.Name) else getattr(n, "attr", "") for n in ast.walk(classes or node)}
+            if names & FAMILY_CLASSES:
+                found.append(f"{path.name}:{node.lineno} isinstance(..., {sorted(names & FAMILY_CLASSES)[0]})")
+    return found
+
+
+def test_no_family_branches_outside_the_family_registry():
+    outside = [p for p in PACKAGE.rglob("*.py") if "families" not in p.relative_to(PACKAGE).parts]
+    assert [b for p in outside for b in family_branches(p)] == []
+
+
+def test_the_family_branch_check_catches_both_kinds(tmp_path):
+    planted = tmp_path / "planted.py"
+    planted.write_text(
+        'if config.model.arch == "encoder":\n    pass\nif isinstance(corpus, PairCorpus):\n    pass\n'
+        "ok = isinstance(x, tuple)\n"
+    )
+    assert family_branches(planted) == [
+        "planted.py:1 compares model.arch",
+        "planted.py:3 isinstance(..., PairCorpus)",
+    ]

@@ -6,70 +6,63 @@ The commands use these same functions, so a notebook and the command line give t
 
 from __future__ import annotations
 
-import dataclasses
+import contextlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from charlm.api.model_arch import ArchMethods, _same_file
 from charlm.config import schema as cfg
 from charlm.config.schema import Config
-from charlm.data.corpus import Corpus, encode_compact
 from charlm.data.tokenizer import Tokenizer, UnknownPolicy
 from charlm.decoding.generate import SampleResult, encode_prompt, sample
 from charlm.decoding.options import DecodeOptions, field_name
+from charlm.decoding.transduce import TransductionResult
 from charlm.errors import UsageError
-from charlm.evaluation.loss import EvalResult, full_pass
+from charlm.evaluation.loss import EvalResult
+from charlm.families import decoder as text
+from charlm.families import encoder as masked
+from charlm.families import encoder_decoder as pairs
+from charlm.families.registry import AnyModel, family
 from charlm.hardware.device import pick_device
 from charlm.models.decoder import GPT
-from charlm.models.encoder import EncoderOnly
+from charlm.models.encoder import EncoderOnly, MaskedResult
 from charlm.models.encoder_decoder import EncoderDecoder
-from charlm.models.info import ModelInfo, model_info
+from charlm.models.info import ModelInfo
+from charlm.models.linear import onednn_linears, onednn_problem, use_onednn
 from charlm.models.quantize import for_decoding
-from charlm.models.registry import AnyModel
 from charlm.storage.checkpoint import Checkpoint
 from charlm.storage.loading import load_model_file
 
 
-class Model(ArchMethods):
-    """A trained model ready to use: `generate` (a decoder) or `transduce` (an encoder-decoder), `evaluate`, `info`;
-    `module` is the plain torch.nn.Module."""
+class Model:
+    """A trained model ready to use: `generate` (a decoder), `transduce` (an encoder-decoder) or `fill` (an encoder),
+    `evaluate`, `info`; `module` is the plain torch.nn.Module, `family` what its architecture can do (charlm.families).
+    A method of another family is refused in one line that says what this model does instead."""
 
     def __init__(self, module: AnyModel, tokenizer: Tokenizer, config: Config, path: Path):
         self.module, self.tokenizer, self.config, self.path = module, tokenizer, config, path
-
-    def _wrong_arch(self, wanted: str) -> UsageError:
-        """A one-line error: this model's arch cannot do `wanted`; what it does instead."""
-        instead = {
-            "decoder": "it continues text: use generate() (charlm sample CKPT --prompt TEXT)",
-            "encoder-decoder": "it rewrites a source string: use transduce() (charlm sample CKPT --prompt SOURCE)",
-            "encoder": "it restores hidden characters: use fill() (charlm fill CKPT --prompt 'ROM_O')",
-        }[self.config.model.arch]
-        return UsageError(
-            f"{self.path} is a{'n' * (self.config.model.arch != 'decoder')} {self.config.model.arch} "
-            f"model, not {wanted}; {instead}"
-        )
+        self.family = family(config.model.arch)
 
     @property
     def decoder(self) -> GPT:
         """The module as a decoder-only model, or a one-line error naming what this model does instead."""
-        if not isinstance(self.module, GPT):
-            raise self._wrong_arch("a decoder")
-        return self.module
+        return self.family.as_decoder(self)
 
     @property
     def encoder_decoder(self) -> EncoderDecoder:
-        if not isinstance(self.module, EncoderDecoder):
-            raise self._wrong_arch("an encoder-decoder")
-        return self.module
+        return self.family.as_encoder_decoder(self)
 
     @property
     def encoder(self) -> EncoderOnly:
-        if not isinstance(self.module, EncoderOnly):
-            raise self._wrong_arch("an encoder")
-        return self.module
+        return self.family.as_encoder(self)
+
+    def scoring_kernels(self) -> contextlib.AbstractContextManager:
+        """The linear layers' kernels the run's own final pass used (train.cpu_linear), so that scores agree with
+        it; torch's, without complaint, where oneDNN cannot run."""
+        on = onednn_problem() is None and use_onednn(self.device, self.config.train.cpu_linear)
+        return onednn_linears(on)
 
     @classmethod
     def from_checkpoint(cls, ckpt: Checkpoint, device: str = "auto", precision: str = "float32") -> Model:
@@ -146,38 +139,60 @@ class Model(ArchMethods):
         test, all) defaults to val of the model's own corpus and to all of anything else. `stride` (1..block_size)
         overlaps the windows so that each scored token sees at least block_size - stride earlier ones.
         """
-        if isinstance(self.module, EncoderDecoder):
-            raise UsageError("an encoder-decoder is scored on pairs: use evaluate_pairs() (charlm eval does)")
-        if isinstance(self.module, EncoderOnly):
-            raise UsageError("an encoder is scored on hidden characters: use evaluate_masked() (charlm eval does)")
-        own, data = self.config.data.path, self.config.data
-        if text_or_path is None or _names_a_file(text_or_path):
-            path = str(text_or_path if text_or_path is not None else own)
-            split = split or ("val" if _same_file(path, own) else "all")
-            source = dataclasses.replace(data, path=path)
-            corpus = Corpus.from_config(source, self.tokenizer, unknown, replacement=replace_with)
-        else:
-            source_name, split = "<text>", split or "all"
-            ids = encode_compact(
-                self.tokenizer.encode(str(text_or_path), unknown, replace_with), self.tokenizer.vocab_size
-            )
-            corpus = (
-                Corpus.from_ids(ids, self.tokenizer, data, source_name)
-                if split != "all"
-                else Corpus(self.tokenizer, ids, ids[:0], ids[:0], source_name, ids)
-            )
-        if split not in ("train", "val", "test", "all"):
-            raise UsageError(f"split must be train, val, test or all, got {split!r}")
-        ids = corpus.split(split)
-        if len(ids) < 2:
-            raise UsageError(f"the {split} split of {corpus.source} has fewer than 2 tokens to score")
-        block_size = self.config.model.block_size
-        if stride is not None and not 1 <= stride <= block_size:
-            raise UsageError(f"--stride must be between 1 and the model's context ({block_size}), got {stride}")
-        with self.scoring_kernels():
-            result = full_pass(self.decoder, ids, block_size, self.device, batch_size, stride=stride)
-        result.split, result.file, result.unit = split, corpus.source, self.tokenizer.unit
-        return result
+        return text.evaluate_text(self, text_or_path, split, unknown, replace_with, batch_size, stride)
+
+    def evaluate_pairs(
+        self, path: str | Path | None = None, split: str | None = None, beam: int = 1, batch_size: int = 64
+    ) -> TransductionResult:
+        """An encoder-decoder on a paired file (default: its own, val split): target loss, exact match, character
+        and token error rates of greedy (or beam) decoding."""
+        return pairs.evaluate_pairs(self, path, split, beam, batch_size)
+
+    def evaluate_masked(self, path: str | Path | None = None, split: str | None = None) -> MaskedResult:
+        """An encoder on a text (default: its own corpus, val split): 15% of each window hidden as in training
+        (the same positions every time), the loss and the share restored exactly."""
+        return masked.evaluate_masked(self, path, split)
+
+    def score(self, data: str | None = None, split: str | None = None, **options: Any) -> Any:
+        """`charlm eval`: whichever of evaluate, evaluate_pairs and evaluate_masked this model's family scores by;
+        options: beam, stride, batch_size, unknown, replace_with (a family refuses those it cannot use)."""
+        return self.family.score(self, data, split, options)
+
+    # -- the other families' uses --------------------------------------------------------------
+
+    def transduce(
+        self,
+        sources: str | list[str],
+        beam: int = 1,
+        temperature: float = 0.0,
+        top_k: int | None = None,
+        top_p: float = 1.0,
+        seed: int | None = None,
+        unknown: UnknownPolicy = "error",
+        replace_with: str | None = None,
+    ) -> str | list[str]:
+        """An encoder-decoder's target for a source (a list for a list): greedy by default, `beam` > 1 for beam
+        search."""
+        many = [sources] if isinstance(sources, str) else list(sources)
+        targets = pairs.transduce_sources(self, many, beam, temperature, top_k, top_p, seed, unknown, replace_with)
+        return targets[0] if isinstance(sources, str) else targets
+
+    def encode_source(
+        self, source: str, unknown: UnknownPolicy = "error", replace_with: str | None = None
+    ) -> list[int]:
+        """A source's ids: not empty, within the context, without the reserved control characters."""
+        return pairs.encode_source(self, source, unknown, replace_with)
+
+    def transduction_attention(self, source: str, unknown: UnknownPolicy = "error") -> dict[str, Any]:
+        """An encoder-decoder's attention on a source and its greedy target: {"source": chars, "target": chars
+        (each decoder position's output, the last being the end), "encoder": (Le, nh, S, S), "decoder":
+        (Ld, nh, T, T), "cross": (Ld, nh, T, S)}; rows are queries and sum to 1."""
+        return pairs.transduction_attention(self, source, unknown)
+
+    def fill(self, text: str, mask_char: str = "_", top: int = 5) -> dict[str, Any]:
+        """An encoder's guess for every `mask_char` of text: {"text": filled, "blanks": [{"position", "candidates":
+        [[char, probability], ...]}]}, every blank predicted at once from the rest of the text."""
+        return masked.fill_blanks(self, text, mask_char, top)
 
     def attention(self, prompt: str, unknown: UnknownPolicy = "error") -> torch.Tensor:
         """Attention weights for a prompt of at most the context length: (n_layer, n_head, T, T), rows summing to 1."""
@@ -188,12 +203,12 @@ class Model(ArchMethods):
                 f"{self.config.model.block_size}: shorten it"
             )
         x = torch.tensor([ids], device=self.device)
-        module = self.module if isinstance(self.module, EncoderOnly) else self.decoder  # an encoder's: full
+        module = self.family.attention_module(self)  # a decoder's causal, an encoder's full
         return module.attention_weights(x)[:, 0].float().cpu()  # (L, nh, T, T)
 
     def info(self) -> ModelInfo:
         """Parameters per component and training FLOPs per token (`.to_dict()` for plain data)."""
-        return model_info(self.config.model, self.tokenizer.vocab_size)
+        return self.family.info(self.config.model, self.tokenizer.vocab_size)
 
 
 def load(path: str | Path, device: str = "auto", precision: str = "float32") -> Model:
@@ -207,48 +222,11 @@ def load(path: str | Path, device: str = "auto", precision: str = "float32") -> 
 
 def export(checkpoint: str | Path, out_dir: str | Path) -> list[Path]:
     """Write model.safetensors, config.json, vocab.json and a README.md model card to out_dir (storage.export)."""
-    from charlm.storage.export import model_card, write_export
+    from charlm.storage.export import FILES, write_export
 
     ckpt = load_model_file(checkpoint)
     model = Model.from_checkpoint(ckpt, "cpu")
-    params = model.module.num_params()
-    scores: dict[str, Any] | None = None
-    if isinstance(model.module, EncoderDecoder):
-        from charlm.data.pairs import PairCorpus
-        from charlm.storage.export import transducer_card
-
-        try:
-            corpus = PairCorpus.from_config(ckpt.config.data, ckpt.config.model.block_size, model.tokenizer)
-        except UsageError:  # the training pairs are not here: the card says so
-            card = transducer_card(ckpt, params, None, [], Path(out_dir))
-        else:
-            sources = [model.tokenizer.decode(s) for s, _ in corpus.val[:5]]
-            examples = list(zip(sources, model.transduce(sources), strict=True))
-            scores = model.evaluate_pairs().to_dict()
-            card = transducer_card(ckpt, params, scores, examples, Path(out_dir))
-        return write_export(ckpt, Path(out_dir), card)
-    if isinstance(model.module, EncoderOnly):
-        from charlm.storage.export import encoder_card
-
-        try:
-            scores = model.evaluate_masked().to_dict()
-        except UsageError:  # the training corpus is not here: the card says so
-            scores = None
-        try:
-            example = model.fill("ROM_O AND JUL_ET")["text"]
-        except UsageError:  # characters it has never seen, or a context shorter than the example
-            example = ""
-        return write_export(ckpt, Path(out_dir), encoder_card(ckpt, params, scores, example, Path(out_dir)))
-    try:
-        scores = model.evaluate().to_dict()
-    except UsageError:  # the training corpus is not here: the card says so
-        scores = None
-    sample_text = model.generate("\n", max_new_tokens=300, seed=1).strip("\n")
-    return write_export(ckpt, Path(out_dir), model_card(ckpt, params, scores, sample_text, Path(out_dir)))
-
-
-def _names_a_file(value: str | Path) -> bool:
-    return isinstance(value, Path) or ("\n" not in value and len(value) < 4096 and Path(value).exists())
+    return write_export(ckpt, Path(out_dir), model.family.card(model, ckpt.step, Path(out_dir), FILES))
 
 
 def train(

@@ -266,29 +266,16 @@ def eval_(
     """
     needs_torch()
     from charlm.api.model import load
-    from charlm.cli.report import print_eval_result, print_masked_result, print_transduction_result
+    from charlm.cli.report import print_score
 
     check_replacement(replace_with)
     model = load(checkpoint_path(checkpoint), device, precision.value)  # a bad checkpoint before a bad text
-    if model.config.model.arch == "encoder":
-        if stride is not None or beam != 1:
-            raise UsageError("--stride and --beam are not for an encoder: it is scored on hidden characters")
-        hidden = model.evaluate_masked(data, split.value if split else None)
-        return print_json(hidden.to_dict()) if json_out else print_masked_result(hidden)
-    if model.config.model.arch == "encoder-decoder":
-        if stride is not None:
-            raise UsageError("--stride slides windows over a text; an encoder-decoder is scored line by line")
-        scored = model.evaluate_pairs(data, split.value if split else None, beam, batch_size)
-        return print_json(scored.to_dict()) if json_out else print_transduction_result(scored)
-    if beam != 1:
-        raise UsageError("--beam is for encoder-decoder models")
-    result = model.evaluate(
-        Path(data) if data else None, split.value if split else None, unknown.value, replace_with, batch_size, stride
-    )
+    options = {"beam": beam, "stride": stride, "batch_size": batch_size, "unknown": unknown.value}
+    result = model.score(data, split.value if split else None, **options, replace_with=replace_with)
     if json_out:
         print_json(result.to_dict())
     else:
-        print_eval_result(result)
+        print_score(result)
 
 
 # ---------------------------------------------------------------------------- info, attention, export, plot, config

@@ -57,7 +57,7 @@ def info(
     needs_torch()
     from charlm.cli.report import print_model_info
     from charlm.config import schema as cfg
-    from charlm.models.info import model_info
+    from charlm.families.registry import model_info
     from charlm.storage.checkpoint import RUNS_DIR
     from charlm.storage.loading import load_model_file
 
@@ -117,7 +117,7 @@ def attention(
     from charlm.api.model import load
 
     model = load(checkpoint_path(checkpoint), "cpu")
-    if model.config.model.arch == "encoder-decoder":
+    if model.family.rewrites_sources:  # three maps: encoder, decoder and cross-attention
         return _transduction_attention(model, prompt, output, layer, head, (part or Part.cross).value, json_out)
     if part is not None:
         raise UsageError("--part is for encoder-decoder models (a decoder has one self-attention)")

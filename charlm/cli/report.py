@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rich.markup import escape
 from rich.table import Table
@@ -71,6 +71,19 @@ def print_masked_result(r: MaskedResult) -> None:
         f"{100 * r.accuracy:.2f}%, loss {r.loss:.4f} nats/char ({r.bpc:.4f} bits)",
         markup=False,
     )
+
+
+def print_score(result: EvalResult | TransductionResult | MaskedResult) -> None:
+    """What `charlm eval` prints for whichever result the model's family scored."""
+    PRINTERS[type(result).__name__](result)
+
+
+# By class name: this module imports no torch (the result classes do), so that `charlm config` stays fast.
+PRINTERS: dict[str, Any] = {
+    "EvalResult": print_eval_result,
+    "TransductionResult": print_transduction_result,
+    "MaskedResult": print_masked_result,
+}
 
 
 def print_model_info(info: ModelInfo, title: str) -> None:

@@ -126,7 +126,7 @@ def sample_(
     given = {"max_new_tokens": max_new_tokens, "temperature": temperature, "top_k": top_k, "top_p": top_p}
     check_values({**given, "stop": stop, "compile": compile_step, "use_cache": not no_cache, "beam": beam})
     model = load(checkpoint_path(checkpoint), device, precision.value)  # a bad checkpoint before a bad prompt
-    if model.config.model.arch == "encoder-decoder":
+    if model.family.rewrites_sources:
         only_text = {
             "--max-new-tokens": max_new_tokens is not None,
             "--num-samples": num_samples != 1,

@@ -199,6 +199,7 @@ class RandomWindows:
         self.generator = torch.Generator().manual_seed(seed)
         self.offsets = torch.arange(block_size + 1)  # (T+1,)
         self.pin = device.type == "cuda"
+        self.last_tokens = batch_size * block_size  # the targets a batch holds: every position of every window
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         starts = torch.randint(len(self.ids) - self.block_size, (self.batch_size,), generator=self.generator)

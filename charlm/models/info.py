@@ -147,11 +147,7 @@ def encoder_info(config: ModelConfig, vocab_size: int) -> ModelInfo:
     return ModelInfo(rows, L, total, flops, "6·N + 12·L·d·T", total, {"layer": L})
 
 
-def model_info(config: ModelConfig, vocab_size: int) -> ModelInfo:
-    if config.arch == "encoder-decoder":
-        return encoder_decoder_info(config, vocab_size)
-    if config.arch == "encoder":
-        return encoder_info(config, vocab_size)
+def decoder_info(config: ModelConfig, vocab_size: int) -> ModelInfo:
     d, L, V, T = config.n_embd, config.n_layer, vocab_size, config.block_size
     h = ffn_hidden(config)
     norm, norm_f = _norm(config)

@@ -18,8 +18,8 @@ import torch
 from charlm.config.schema import Config, config_from_dict
 from charlm.data.tokenizer import Tokenizer, make_tokenizer
 from charlm.errors import UsageError
+from charlm.families.registry import AnyModel, build_model
 from charlm.files import atomic_write
-from charlm.models.registry import AnyModel, build_model
 from charlm.storage.run_state import RunState
 from charlm.version import __version__
 

@@ -18,6 +18,7 @@ from charlm.config.schema import Config
 from charlm.data.prepare import prepare
 from charlm.data.tokenizer import CharTokenizer, Tokenizer
 from charlm.errors import UsageError
+from charlm.families.registry import family
 from charlm.models.decoder import GPT
 from charlm.storage.checkpoint import Checkpoint
 from charlm.storage.loading import load_model_file
@@ -57,7 +58,7 @@ def init_model(source: Checkpoint, config: Config, vocab_size: int, device: torc
     """A model of the source's shape holding its weights; rows for characters beyond its vocabulary stay as freshly
     initialised (call with the run's seed set, so they are reproducible)."""
     old_vocab = source.tokenizer.vocab_size
-    if source.config.model.arch != "decoder":
+    if not family(source.config.model.arch).continues_text:
         raise UsageError(f"--init-from needs a decoder (text) model; {source.path} is an {source.config.model.arch}")
     if vocab_size == old_vocab:
         return cast(GPT, source.build_model(device))

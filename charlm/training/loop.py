@@ -22,6 +22,7 @@ from charlm.config.schema import Config
 from charlm.data.corpus import Corpus
 from charlm.data.pairs import PairCorpus
 from charlm.errors import CharlmError, Interrupted, UsageError, WorkError
+from charlm.families.registry import family
 from charlm.hardware.device import precision_name, rng_state, seed_everything, set_rng_state, should_compile
 from charlm.hardware.distributed import Dist
 from charlm.models.linear import onednn_linears, use_onednn
@@ -32,7 +33,6 @@ from charlm.storage.run_state import RunState, TrainSummary
 from charlm.training.metrics import MetricsLog
 from charlm.training.optim import make_optimizer
 from charlm.training.schedule import LRSchedule
-from charlm.training.scoring import PeriodicEval, final_pass
 from charlm.training.setup import (
     NeverStop,
     StopRequest,
@@ -71,7 +71,8 @@ class Trainer:
         self.schedule = LRSchedule(tc)
         self.scaler = torch.amp.GradScaler(device.type) if self.amp_dtype == torch.float16 else None
         self.metrics = MetricsLog(folder.path, config, enabled=self.dist.is_main)
-        self.scoring = PeriodicEval(config, corpus, device, self.amp_dtype, self.dist)
+        self.family = family(config.model.arch)  # how this model's batches are made and scored
+        self.scoring = self.family.periodic_losses(config, corpus, device, self.amp_dtype, self.dist)
         rank_seed = seed_for_rank(tc.seed, self.dist.rank)
         self.batches = make_batches(config, corpus, device, rank_seed)
         global_batch = tc.batch_size * tc.grad_accum * self.dist.world_size
@@ -270,7 +271,7 @@ class Trainer:
     def _summary(self) -> TrainSummary:
         """The run's state and the final validation pass of best.pt."""
         best = load_checkpoint(self.folder.path / "best.pt").build_model(self.device)
-        full, whole = final_pass(best, self.corpus, self.config, self.device, self.amp_dtype)
+        full, whole = self.family.final_pass(best, self.corpus, self.config, self.device, self.amp_dtype)
         return TrainSummary.of(
             self.state,
             self.stop_reason,

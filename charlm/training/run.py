@@ -18,10 +18,10 @@ from charlm.data.corpus import Corpus
 from charlm.data.download import ensure_builtin_corpus
 from charlm.data.pairs import PairCorpus
 from charlm.errors import UsageError
+from charlm.families.registry import build_model
 from charlm.hardware.device import configure_backends, pick_device, precision_words, seed_everything
 from charlm.hardware.distributed import Dist, setup, teardown
 from charlm.models.linear import linear_words
-from charlm.models.registry import build_model
 from charlm.progress import TrainReporter
 from charlm.storage.checkpoint import RUNS_DIR, Checkpoint, load_checkpoint
 from charlm.storage.run_folder import RunFolder, check_out_dir, make_out_dir

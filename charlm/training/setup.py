@@ -10,14 +10,13 @@ import torch
 from torch import nn
 
 from charlm.config.schema import Config
-from charlm.data.corpus import Corpus, RandomWindows
-from charlm.data.pairs import PairBatches, PairCorpus
+from charlm.data.corpus import Corpus
+from charlm.data.pairs import PairCorpus
+from charlm.families.base import Batches
+from charlm.families.registry import family
 from charlm.hardware.device import autocast_dtype
-from charlm.models.encoder import MaskedWindows
 from charlm.models.linear import use_onednn
 from charlm.progress import TrainReporter
-
-Batches = RandomWindows | PairBatches | MaskedWindows
 
 
 class StopRequest(Protocol):
@@ -69,11 +68,5 @@ def peak_memory_mb(device: torch.device) -> float:
 
 
 def make_batches(config: Config, corpus: Corpus | PairCorpus, device: torch.device, seed: int) -> Batches:
-    """This rank's training batches: padded pairs, masked windows for an encoder, random windows for a decoder."""
-    tc = config.train
-    if isinstance(corpus, PairCorpus):
-        return PairBatches(corpus.train, tc.batch_size, device, seed)
-    if config.model.arch == "encoder":
-        T, V = config.model.block_size, corpus.tokenizer.vocab_size
-        return MaskedWindows(corpus.train, T, tc.batch_size, device, seed, V)
-    return RandomWindows(corpus.train, config.model.block_size, tc.batch_size, device, seed)
+    """This rank's training batches, as the model's family makes them."""
+    return family(config.model.arch).batches(config, corpus, device, seed)

@@ -10,12 +10,11 @@ import torch
 from torch import nn
 
 from charlm.config.schema import Config
-from charlm.data.pairs import PairBatches
 from charlm.errors import WorkError
+from charlm.families.base import Batches
 from charlm.hardware.device import autocast
 from charlm.hardware.distributed import Dist
 from charlm.training.optim import Optimizers
-from charlm.training.setup import Batches
 
 
 class OptimizerStep:
@@ -45,7 +44,7 @@ class OptimizerStep:
         for micro in range(tc.grad_accum):
             x, y = self.batches.next_batch()  # text: windows (B, T); pairs: (sources, BOS + targets)
             inputs = x if isinstance(x, tuple) else (x,)
-            tokens += self.batches.last_tokens if isinstance(self.batches, PairBatches) else y.numel()
+            tokens += self.batches.last_tokens
             sync = not self.dist.active or micro == tc.grad_accum - 1  # DDP all-reduces on the last micro-step only
             with (
                 contextlib.nullcontext()

@@ -1,0 +1,167 @@
+"""What every model family answers: how to build its model, batch and score its data, use and describe a trained
+model. The trainer, the scoring, the Python API, the exports and the command line call these, never asking which
+family they hold; an operation a family does not have is refused in one line saying what it does instead."""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+
+from charlm.config.arch_rules import arch_problems
+from charlm.config.schema import Config, DataConfig, ModelConfig, TrainConfig
+from charlm.data.corpus import Corpus
+from charlm.data.pairs import PairCorpus
+from charlm.data.tokenizer import Tokenizer, UnknownPolicy
+from charlm.errors import UsageError
+from charlm.evaluation.loss import EvalResult
+from charlm.hardware.distributed import Dist
+from charlm.models.info import ModelInfo
+
+AnyCorpus = Corpus | PairCorpus
+
+
+class Loaded(Protocol):
+    """A trained model as the Python API holds it (charlm.Model): what the families' operations use of it."""
+
+    @property
+    def module(self) -> nn.Module: ...
+
+    @property
+    def tokenizer(self) -> Tokenizer: ...
+
+    @property
+    def config(self) -> Config: ...
+
+    @property
+    def path(self) -> Path: ...
+
+    @property
+    def family(self) -> Family: ...
+
+    @property
+    def device(self) -> torch.device: ...
+
+    def encode_prompt(
+        self, prompt: str, unknown: UnknownPolicy = "error", replace_with: str | None = None
+    ) -> list[int]: ...
+
+    def scoring_kernels(self) -> contextlib.AbstractContextManager: ...
+
+
+class Batches(Protocol):
+    """A family's training batches: next_batch() gives (inputs, targets); last_tokens counts the targets scored."""
+
+    last_tokens: int
+    generator: torch.Generator  # re-seeded when a run resumes with another number of processes
+
+    def next_batch(self) -> tuple[Any, torch.Tensor]: ...
+
+    def state_dict(self) -> dict: ...
+
+    def load_state_dict(self, state: dict) -> None: ...
+
+
+class PeriodicLosses(Protocol):
+    """The train and validation estimates of each periodic evaluation (every DDP rank scores its share)."""
+
+    def losses(self, model: nn.Module, step: int) -> tuple[float, float]: ...
+
+
+class Family(abc.ABC):
+    """One architecture (model.arch). Subclasses say what they are and implement the operations every family has;
+    the `as_...` views refuse, in one line, on every family but their own."""
+
+    name = ""  # the model.arch value
+    noun = ""  # "a decoder": as messages name it
+    does = ""  # what it does instead, with the call and the command that do it
+    module_type: type[nn.Module] = nn.Module
+    continues_text = False  # a text model: `charlm sample` continues prompts, --init-from can start from it
+    rewrites_sources = False  # `charlm sample` and `eval` take source strings and give targets (pairs)
+    scored_by = ""  # how this family is scored when charlm.Model.evaluate (a text's loss) is asked of it
+    attention_parts: tuple[str, ...] = ("self",)  # what `charlm attention --part` can show
+
+    # -- training -----------------------------------------------------------------------------
+
+    def build(self, config: ModelConfig, vocab_size: int) -> nn.Module:
+        """A fresh model (weights initialised as its class does)."""
+        return self.module_type(config, vocab_size)
+
+    def config_problems(self, model: ModelConfig, data: DataConfig) -> list[str]:
+        """Every setting that does not fit the family (charlm.config checks them with the rest, without torch)."""
+        return arch_problems(model, data)
+
+    @abc.abstractmethod
+    def batches(self, config: Config, corpus: AnyCorpus, device: torch.device, seed: int) -> Batches:
+        """This rank's training batches."""
+
+    @abc.abstractmethod
+    def periodic_losses(
+        self, config: Config, corpus: AnyCorpus, device: torch.device, amp: torch.dtype | None, dist: Dist
+    ) -> PeriodicLosses:
+        """What each periodic evaluation scores."""
+
+    @abc.abstractmethod
+    def final_pass(
+        self, model: nn.Module, corpus: AnyCorpus, config: Config, device: torch.device, amp: torch.dtype | None
+    ) -> tuple[EvalResult, bool]:
+        """The validation split scored whole (up to train.final_eval_tokens), and whether it was whole."""
+
+    @abc.abstractmethod
+    def info(self, config: ModelConfig, vocab_size: int) -> ModelInfo:
+        """Parameters per component and training FLOPs per token."""
+
+    # -- a trained model ----------------------------------------------------------------------
+
+    def refuse(self, loaded: Loaded, wanted: str) -> UsageError:
+        """The one-line error for an operation this family does not have: what the model is and does instead."""
+        return UsageError(f"{loaded.path} is {self.noun} model, not {wanted}; {self.does}")
+
+    @abc.abstractmethod
+    def score(self, loaded: Loaded, data: str | None, split: str | None, options: dict[str, Any]) -> Any:
+        """`charlm eval`: the family's own figures for a file (default: its corpus's validation split). options:
+        beam, stride, batch_size, unknown, replace_with; a family refuses, by flag, those it cannot use."""
+
+    @abc.abstractmethod
+    def card(self, loaded: Loaded, steps: int, folder: Path, files: str) -> str:
+        """The README.md of an export: what the model is, how well it does, how to use it."""
+
+    def as_decoder(self, loaded: Loaded) -> Any:
+        raise self.refuse(loaded, "a decoder")
+
+    def as_encoder_decoder(self, loaded: Loaded) -> Any:
+        raise self.refuse(loaded, "an encoder-decoder")
+
+    def as_encoder(self, loaded: Loaded) -> Any:
+        raise self.refuse(loaded, "an encoder")
+
+    def attention_module(self, loaded: Loaded) -> Any:
+        """The module whose self-attention `charlm attention` shows for one text (an encoder-decoder has three maps:
+        charlm.Model.transduction_attention)."""
+        raise self.refuse(loaded, "a decoder")
+
+
+def num_params(module: nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+def data_name(config: Config) -> str:
+    """The training data as an export records it: its file (or folder) name, never the path on the trainer's disk."""
+    return Path(config.data.path).name
+
+
+def optimizer_name(train: TrainConfig) -> str:
+    if train.optimizer == "muon":
+        return f"Muon lr {train.muon_lr:g} for the blocks' matrices, AdamW lr {train.lr:g} for the rest"
+    return f"AdamW lr {train.lr:g}"
+
+
+def same_file(a: str | Path, b: str | Path) -> bool:
+    try:
+        return Path(a).resolve() == Path(b).resolve()
+    except OSError:
+        return False

@@ -1,0 +1,177 @@
+"""The decoder family (model.arch: decoder): a GPT trained on random windows of a text to predict each next
+character, scored in nats per character, used to continue text."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any, cast
+
+import torch
+from torch import nn
+
+from charlm.config.schema import Config, ModelConfig
+from charlm.data.corpus import Corpus, RandomWindows, encode_compact
+from charlm.data.tokenizer import UnknownPolicy
+from charlm.errors import UsageError
+from charlm.evaluation.loss import EvalResult, full_pass, windows_total
+from charlm.families.base import AnyCorpus, Family, Loaded, data_name, num_params, optimizer_name, same_file
+from charlm.families.losses import WindowLosses
+from charlm.hardware.distributed import Dist
+from charlm.models.decoder import GPT
+from charlm.models.info import ModelInfo, decoder_info
+
+
+class DecoderFamily(Family):
+    name = "decoder"
+    noun = "a decoder"
+    does = "it continues text: use generate() (charlm sample CKPT --prompt TEXT)"
+    module_type = GPT
+    continues_text = True
+
+    def batches(self, config: Config, corpus: AnyCorpus, device: torch.device, seed: int) -> RandomWindows:
+        tc = config.train
+        return RandomWindows(cast(Corpus, corpus).train, config.model.block_size, tc.batch_size, device, seed)
+
+    def periodic_losses(
+        self, config: Config, corpus: AnyCorpus, device: torch.device, amp: torch.dtype | None, dist: Dist
+    ) -> WindowLosses:
+        T = config.model.block_size
+
+        def score(model: nn.Module, ids: torch.Tensor, starts: torch.Tensor, device: torch.device, amp: Any) -> Any:
+            return windows_total(model, ids, starts, T, device, amp_dtype=amp)
+
+        return WindowLosses(config, cast(Corpus, corpus), device, amp, dist, score)
+
+    def final_pass(
+        self, model: nn.Module, corpus: AnyCorpus, config: Config, device: torch.device, amp: torch.dtype | None
+    ) -> tuple[EvalResult, bool]:
+        val, whole = validation_ids(cast(Corpus, corpus), config)
+        return full_pass(model, val, config.model.block_size, device, amp_dtype=amp), whole
+
+    def info(self, config: ModelConfig, vocab_size: int) -> ModelInfo:
+        return decoder_info(config, vocab_size)
+
+    def as_decoder(self, loaded: Loaded) -> GPT:
+        return cast(GPT, loaded.module)
+
+    def attention_module(self, loaded: Loaded) -> GPT:
+        return self.as_decoder(loaded)
+
+    def score(self, loaded: Loaded, data: str | None, split: str | None, options: dict[str, Any]) -> EvalResult:
+        if options.get("beam", 1) != 1:
+            raise UsageError("--beam is for encoder-decoder models")
+        path = Path(data) if data else None
+        keys = ("unknown", "replace_with", "batch_size", "stride")
+        return evaluate_text(loaded, path, split, **{k: options[k] for k in keys if k in options})
+
+    def card(self, loaded: Loaded, steps: int, folder: Path, files: str) -> str:
+        try:
+            scores: dict[str, Any] | None = evaluate_text(loaded).to_dict()
+        except UsageError:  # the training corpus is not here: the card says so
+            scores = None
+        from charlm.decoding.generate import sample
+        from charlm.decoding.options import DecodeOptions
+
+        options = DecodeOptions.from_config(loaded.config.sample, max_new_tokens=300, seed=1)
+        text = sample(self.as_decoder(loaded), loaded.tokenizer, loaded.encode_prompt("\n"), options).samples[0]
+        return decoder_card(loaded, steps, scores, text.strip("\n"), folder, files)
+
+
+def validation_ids(corpus: Corpus, config: Config) -> tuple[torch.Tensor, bool]:
+    """The validation split, cut to train.final_eval_tokens on big corpora, and whether it is whole."""
+    limit = config.train.final_eval_tokens
+    val = corpus.val[: limit + 1] if limit else corpus.val
+    return val, len(val) == len(corpus.val)
+
+
+def evaluate_text(
+    loaded: Loaded,
+    text_or_path: str | Path | None = None,
+    split: str | None = None,
+    unknown: UnknownPolicy = "error",
+    replace_with: str | None = None,
+    batch_size: int = 64,
+    stride: int | None = None,
+) -> EvalResult:
+    """charlm.Model.evaluate: a decoder's loss on a file or a text in one deterministic pass."""
+    if loaded.family.scored_by:
+        raise UsageError(loaded.family.scored_by)
+    module, tokenizer, data = loaded.family.as_decoder(loaded), loaded.tokenizer, loaded.config.data
+    own = data.path
+    if text_or_path is None or names_a_file(text_or_path):
+        path = str(text_or_path if text_or_path is not None else own)
+        split = split or ("val" if same_file(path, own) else "all")
+        corpus = Corpus.from_config(dataclasses.replace(data, path=path), tokenizer, unknown, replacement=replace_with)
+    else:
+        split = split or "all"
+        ids = encode_compact(tokenizer.encode(str(text_or_path), unknown, replace_with), tokenizer.vocab_size)
+        corpus = (
+            Corpus.from_ids(ids, tokenizer, data, "<text>")
+            if split != "all"
+            else Corpus(tokenizer, ids, ids[:0], ids[:0], "<text>", ids)
+        )
+    if split not in ("train", "val", "test", "all"):
+        raise UsageError(f"split must be train, val, test or all, got {split!r}")
+    ids = corpus.split(split)
+    if len(ids) < 2:
+        raise UsageError(f"the {split} split of {corpus.source} has fewer than 2 tokens to score")
+    block_size = loaded.config.model.block_size
+    if stride is not None and not 1 <= stride <= block_size:
+        raise UsageError(f"--stride must be between 1 and the model's context ({block_size}), got {stride}")
+    with loaded.scoring_kernels():
+        result = full_pass(module, ids, block_size, loaded.device, batch_size, stride=stride)
+    result.split, result.file, result.unit = split, corpus.source, tokenizer.unit
+    return result
+
+
+def names_a_file(value: str | Path) -> bool:
+    return isinstance(value, Path) or ("\n" not in value and len(value) < 4096 and Path(value).exists())
+
+
+def decoder_card(
+    loaded: Loaded, steps: int, scores: dict[str, float] | None, sample: str, folder: Path, files: str
+) -> str:
+    m, t = loaded.config.model, loaded.config.train
+    data, unit = data_name(loaded.config), loaded.tokenizer.unit
+    symbols = "bytes" if unit == "byte" else "characters"
+    quality = (
+        f"validation pass: **{scores['loss']:.4f} nats/{unit}, {scores['bpc']:.4f} bits/{unit}** "
+        f"(perplexity {scores['perplexity']:.3f}) on the validation split of `{data}`"
+        if scores
+        else f"not measured here: the training corpus `{data}` was not found at export time"
+    )
+    return f"""# charlm character-level language model
+
+A decoder-only Transformer over {loaded.tokenizer.vocab_size} {symbols}, trained with charlm on `{data}`.
+
+| | |
+|---|---|
+| shape | {m.n_layer} layers, {m.n_head} heads, {m.n_embd} wide, context {m.block_size} characters |
+| parts | {m.pos_encoding} positions, {m.norm} ({m.norm_position}), {m.activation} feed-forward x{m.ffn_mult:g}, \\
+{"tied" if m.tie_weights else "untied"} head |
+| parameters | {num_params(loaded.module):,} |
+| training | {steps:,} steps of batch {t.batch_size} x {t.grad_accum}, {optimizer_name(t)} ({t.lr_schedule}) |
+| quality | {quality} |
+
+## Use it
+
+```bash
+charlm sample {folder} --prompt "JULIET:" --seed 1
+charlm eval {folder} --data input.txt
+```
+
+```python
+import charlm
+model = charlm.load("{folder}")
+print(model.generate("JULIET:", max_new_tokens=200, seed=1))
+```
+
+{files}
+
+## A sample (seed 1, temperature {loaded.config.sample.temperature:g})
+
+```text
+{sample}
+```
+"""

@@ -1,0 +1,213 @@
+"""The encoder-decoder family (model.arch: encoder-decoder): the original Transformer trained on source<TAB>target
+lines to rewrite a source string into its target, scored by exact match and error rates, used to transduce."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any, cast
+
+import torch
+from torch import nn
+
+from charlm.config.schema import Config, ModelConfig
+from charlm.data.pairs import PairBatches, PairCorpus, pairs_total
+from charlm.data.tokenizer import BOS, SPECIAL_CHARS, UnknownPolicy
+from charlm.decoding.options import DecodeOptions, field_name
+from charlm.decoding.transduce import TransductionResult, score_pairs, transduce
+from charlm.errors import UsageError
+from charlm.evaluation.loss import EvalResult
+from charlm.families.base import AnyCorpus, Family, Loaded, data_name, num_params, optimizer_name, same_file
+from charlm.families.losses import PairLosses
+from charlm.hardware.distributed import Dist
+from charlm.models.encoder_decoder import EncoderDecoder
+from charlm.models.info import ModelInfo, encoder_decoder_info
+
+
+class EncoderDecoderFamily(Family):
+    name = "encoder-decoder"
+    noun = "an encoder-decoder"
+    does = "it rewrites a source string: use transduce() (charlm sample CKPT --prompt SOURCE)"
+    module_type = EncoderDecoder
+    rewrites_sources = True
+    scored_by = "an encoder-decoder is scored on pairs: use evaluate_pairs() (charlm eval does)"
+    attention_parts = ("encoder", "decoder", "cross")
+
+    def batches(self, config: Config, corpus: AnyCorpus, device: torch.device, seed: int) -> PairBatches:
+        return PairBatches(cast(PairCorpus, corpus).train, config.train.batch_size, device, seed)
+
+    def periodic_losses(
+        self, config: Config, corpus: AnyCorpus, device: torch.device, amp: torch.dtype | None, dist: Dist
+    ) -> PairLosses:
+        return PairLosses(config, cast(PairCorpus, corpus), device, amp, dist)
+
+    def final_pass(
+        self, model: nn.Module, corpus: AnyCorpus, config: Config, device: torch.device, amp: torch.dtype | None
+    ) -> tuple[EvalResult, bool]:
+        total, count = pairs_total(model, cast(PairCorpus, corpus).val, device, amp_dtype=amp)  # every target char
+        return EvalResult(total / count, count, "val", config.data.path), True
+
+    def info(self, config: ModelConfig, vocab_size: int) -> ModelInfo:
+        return encoder_decoder_info(config, vocab_size)
+
+    def as_encoder_decoder(self, loaded: Loaded) -> EncoderDecoder:
+        return cast(EncoderDecoder, loaded.module)
+
+    def score(self, loaded: Loaded, data: str | None, split: str | None, options: dict[str, Any]) -> Any:
+        if options.get("stride") is not None:
+            raise UsageError("--stride slides windows over a text; an encoder-decoder is scored line by line")
+        return evaluate_pairs(loaded, data, split, options.get("beam", 1), options.get("batch_size", 64))
+
+    def card(self, loaded: Loaded, steps: int, folder: Path, files: str) -> str:
+        data = loaded.config.data
+        try:
+            corpus = PairCorpus.from_config(data, loaded.config.model.block_size, loaded.tokenizer)
+        except UsageError:  # the training pairs are not here: the card says so
+            return transducer_card(loaded, steps, None, [], folder, files)
+        sources = [loaded.tokenizer.decode(s) for s, _ in corpus.val[:5]]
+        examples = list(zip(sources, transduce_sources(loaded, sources), strict=True))
+        scores = evaluate_pairs(loaded).to_dict()
+        return transducer_card(loaded, steps, scores, examples, folder, files)
+
+
+def transduce_sources(
+    loaded: Loaded,
+    sources: list[str],
+    beam: int = 1,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    top_p: float = 1.0,
+    seed: int | None = None,
+    unknown: UnknownPolicy = "error",
+    replace_with: str | None = None,
+) -> list[str]:
+    """charlm.Model.transduce: each source's target, greedy by default, `beam` > 1 for beam search."""
+    module = loaded.family.as_encoder_decoder(loaded)
+    ids = [encode_source(loaded, s, unknown, replace_with) for s in sources]
+    room = loaded.config.model.block_size
+    options = DecodeOptions(
+        beam=beam, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, max_new_tokens=room
+    )
+    return [loaded.tokenizer.decode(t) for t in transduce(module, ids, options.checked(field_name))]
+
+
+def encode_source(
+    loaded: Loaded, source: str, unknown: UnknownPolicy = "error", replace_with: str | None = None
+) -> list[int]:
+    """A source's ids: not empty, within the context, without the reserved control characters."""
+    if any(c in SPECIAL_CHARS for c in source) or replace_with in SPECIAL_CHARS:
+        raise UsageError("a source may not hold U+0000, U+0002 or U+0003 (reserved for padding, start and end)")
+    if not source:
+        raise UsageError("a source must have at least one character")
+    chars = loaded.tokenizer.chars
+    if unknown == "replace" and replace_with is None and " " not in chars:
+        replace_with = chars[len(SPECIAL_CHARS)]  # the first real character, never padding
+    ids = loaded.encode_prompt(source, unknown, replace_with)
+    block_size = loaded.config.model.block_size
+    if not ids or len(ids) > block_size:
+        raise UsageError(
+            f"a source must have 1 to {block_size} characters (the model's context), got {len(ids)}: {source[:40]!r}"
+        )
+    return ids
+
+
+def transduction_attention(loaded: Loaded, source: str, unknown: UnknownPolicy = "error") -> dict[str, Any]:
+    """charlm.Model.transduction_attention: the maps of a source and its greedy target."""
+    module = loaded.family.as_encoder_decoder(loaded)
+    src = encode_source(loaded, source, unknown)
+    target = loaded.tokenizer.encode(transduce_sources(loaded, [source])[0])
+    device = loaded.device
+    maps = module.attention_weights(torch.tensor([src], device=device), torch.tensor([[BOS, *target]], device=device))
+    decode = loaded.tokenizer.decode
+    return {
+        "source": [decode([i]) for i in src],
+        "target": [decode([i]) for i in target] + ["⟨end⟩"],
+        **{name: weights[:, 0].float().cpu() for name, weights in maps.items()},
+    }
+
+
+def evaluate_pairs(
+    loaded: Loaded, path: str | Path | None = None, split: str | None = None, beam: int = 1, batch_size: int = 64
+) -> TransductionResult:
+    """charlm.Model.evaluate_pairs: target loss, exact match, character and token error rates on a paired file."""
+    module = loaded.family.as_encoder_decoder(loaded)
+    own = loaded.config.data.path
+    given = str(path) if path is not None else own
+    split = split or ("val" if same_file(given, own) else "all")
+    data = dataclasses.replace(loaded.config.data, path=given)
+    room = loaded.config.model.block_size
+    corpus = PairCorpus.from_config(data, room, loaded.tokenizer)
+    options = DecodeOptions(beam=beam, batch_size=batch_size, temperature=0.0, max_new_tokens=room).checked(field_name)
+    with loaded.scoring_kernels():
+        result = score_pairs(module, loaded.tokenizer.decode, corpus.split(split), options, batch_size)
+    result.split, result.file = split, given
+    return result
+
+
+def transducer_card(
+    loaded: Loaded,
+    steps: int,
+    scores: dict[str, Any] | None,
+    examples: list[tuple[str, str]],
+    folder: Path,
+    files: str,
+) -> str:
+    """The model card of an encoder-decoder: its shape, its validation figures, and a few of its rewrites."""
+    m, t = loaded.config.model, loaded.config.train
+    data = data_name(loaded.config)
+    quality = (
+        f"validation split of `{data}`, greedy: **exact match {100 * scores['exact_match']:.2f}%**, character error "
+        f"rate {100 * scores['char_error_rate']:.2f}%"
+        + (
+            f", token error rate {100 * scores['token_error_rate']:.2f}%"
+            if scores["token_error_rate"] is not None
+            else ""
+        )
+        + f"; target loss {scores['loss']:.4f} nats/char"
+        if scores
+        else f"not measured here: the training pairs `{data}` were not found at export time"
+    )
+    shape = (
+        f"{m.n_encoder_layer or m.n_layer} encoder + {m.n_layer} decoder layers, {m.n_head} heads, {m.n_embd} wide, "
+        f"context {m.block_size} characters"
+    )
+    parts = (
+        f"{m.pos_encoding} positions, {m.norm} ({m.norm_position}), {m.activation} feed-forward x{m.ffn_mult:g}, "
+        f"{'shared' if m.share_embeddings else 'separate'} source/target embeddings, "
+        f"{'tied' if m.tie_weights else 'untied'} head"
+    )
+    rows = "\n".join(f"{source}\t{target}" for source, target in examples) or "(no validation pairs at export time)"
+    return f"""# charlm character-level encoder-decoder
+
+An encoder-decoder Transformer rewriting a source string into a target string, over {loaded.tokenizer.vocab_size}
+characters (ids 0, 1, 2: padding, start, end), trained with charlm on the pairs of `{data}`.
+
+| | |
+|---|---|
+| shape | {shape} |
+| parts | {parts} |
+| parameters | {num_params(loaded.module):,} |
+| training | {steps:,} steps of batch {t.batch_size} x {t.grad_accum}, {optimizer_name(t)} ({t.lr_schedule}) |
+| quality | {quality} |
+
+## Use it
+
+```bash
+charlm sample {folder} --prompt "SOURCE"            # greedy; --beam 5 for beam search
+charlm sample {folder} --prompt-file words.txt      # source<TAB>target for every line
+```
+
+```python
+import charlm
+model = charlm.load("{folder}")
+print(model.transduce("SOURCE", beam=5))
+```
+
+{files}
+
+## Some validation sources and what it makes of them (greedy)
+
+```text
+{rows}
+```
+"""

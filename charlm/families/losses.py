@@ -1,0 +1,77 @@
+"""The periodic estimate a run logs at each evaluation: the same fixed windows (or the first lines of pairs) of each
+split every time, so the plateau rule sees signal; each DDP rank scores its share and the sums are added up."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from charlm.config.schema import Config
+from charlm.data.corpus import Corpus, fixed_windows
+from charlm.data.pairs import PairCorpus, pairs_total
+from charlm.hardware.distributed import Dist
+
+# (model, ids, window starts, device, autocast dtype) -> (summed loss, tokens scored)
+WindowScorer = Callable[[nn.Module, torch.Tensor, torch.Tensor, torch.device, "torch.dtype | None"], tuple[float, int]]
+
+
+class RankShare:
+    """Sums every rank's share of a score into one mean."""
+
+    def __init__(self, device: torch.device, dist: Dist):
+        self.device, self.dist = device, dist
+
+    def mean(self, total: float, count: int) -> float:
+        both = self.dist.sum_(torch.tensor([total, float(count)], dtype=torch.float64, device=self.device))
+        return (both[0] / both[1]).item()
+
+
+class WindowLosses(RankShare):
+    """Text: train.eval_windows windows of each split, fixed (or drawn afresh from the seed and the step when
+    train.eval_sampling is random), scored by the family's window scorer."""
+
+    def __init__(
+        self,
+        config: Config,
+        corpus: Corpus,
+        device: torch.device,
+        amp: torch.dtype | None,
+        dist: Dist,
+        score: WindowScorer,
+    ):
+        super().__init__(device, dist)
+        self.config, self.corpus, self.amp, self.score = config, corpus, amp, score
+        T, n, seed = config.model.block_size, config.train.eval_windows, config.train.seed
+        self.val_starts = fixed_windows(corpus.val, T, n, seed=seed + 1)
+        self.train_starts = fixed_windows(corpus.train, T, n, seed=seed + 2)
+
+    def losses(self, model: nn.Module, step: int) -> tuple[float, float]:
+        """(train, validation) mean loss per token at this step."""
+        val_starts, train_starts = self.val_starts, self.train_starts
+        if self.config.train.eval_sampling == "random":  # fresh windows from the seed and the step: a resume draws
+            T, n, seed = self.config.model.block_size, self.config.train.eval_windows, self.config.train.seed  # alike
+            val_starts = fixed_windows(self.corpus.val, T, n, seed=seed + 3 + 2 * step)
+            train_starts = fixed_windows(self.corpus.train, T, n, seed=seed + 4 + 2 * step)
+        return self._loss(model, self.corpus.train, train_starts), self._loss(model, self.corpus.val, val_starts)
+
+    def _loss(self, model: nn.Module, ids: torch.Tensor, starts: torch.Tensor) -> float:
+        mine = starts[self.dist.rank :: self.dist.world_size]
+        return self.mean(*self.score(model, ids, mine, self.device, self.amp))
+
+
+class PairLosses(RankShare):
+    """Pairs: the first train.eval_windows lines of each (shuffled) split, their target characters."""
+
+    def __init__(self, config: Config, corpus: PairCorpus, device: torch.device, amp: torch.dtype | None, dist: Dist):
+        super().__init__(device, dist)
+        n = config.train.eval_windows
+        self.train, self.val, self.amp = corpus.train[:n], corpus.val[:n], amp
+
+    def losses(self, model: nn.Module, step: int) -> tuple[float, float]:
+        return self._loss(model, self.train), self._loss(model, self.val)
+
+    def _loss(self, model: nn.Module, pairs: list) -> float:
+        mine = pairs[self.dist.rank :: self.dist.world_size]
+        return self.mean(*pairs_total(model, mine, self.device, amp_dtype=self.amp))

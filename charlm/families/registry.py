@@ -1,0 +1,44 @@
+"""The model families, registered in one place: model.arch names one, and a model's class names its own."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from charlm.config.schema import ModelConfig
+from charlm.errors import UsageError
+from charlm.families.base import Family
+from charlm.families.decoder import DecoderFamily
+from charlm.families.encoder import EncoderFamily
+from charlm.families.encoder_decoder import EncoderDecoderFamily
+from charlm.models.decoder import GPT
+from charlm.models.encoder import EncoderOnly
+from charlm.models.encoder_decoder import EncoderDecoder
+from charlm.models.info import ModelInfo
+
+FAMILIES: dict[str, Family] = {f.name: f for f in (DecoderFamily(), EncoderDecoderFamily(), EncoderFamily())}
+_BY_TYPE: dict[type[nn.Module], Family] = {f.module_type: f for f in FAMILIES.values()}
+
+AnyModel = GPT | EncoderDecoder | EncoderOnly
+
+
+def family(arch: str) -> Family:
+    """The family model.arch names (the config has already refused any other name)."""
+    return FAMILIES[arch]
+
+
+def family_of(module: nn.Module) -> Family:
+    """The family a model belongs to, by its class (a compiled or DDP-wrapped model: unwrap it first)."""
+    try:
+        return _BY_TYPE[type(module)]
+    except KeyError:
+        raise UsageError(f"{type(module).__name__} is not a charlm model") from None
+
+
+def build_model(config: ModelConfig, vocab_size: int) -> AnyModel:
+    """A fresh model of config.arch (weights initialised as its class does)."""
+    return family(config.arch).build(config, vocab_size)  # type: ignore[return-value]
+
+
+def model_info(config: ModelConfig, vocab_size: int) -> ModelInfo:
+    """Parameters per component and training FLOPs per token of a model of this config."""
+    return family(config.arch).info(config, vocab_size)
