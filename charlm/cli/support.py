@@ -13,7 +13,7 @@ from typing import Annotated, Any, Optional, cast
 import typer
 from rich.markup import escape
 
-from charlm.config.schema import DEVICE_NAMES  # no torch behind it: --help stays fast
+from charlm.config.checks import DEVICE_NAMES  # no torch behind it: --help stays fast
 from charlm.config.sources import shipped_config_names
 from charlm.errors import USAGE_EXIT, CharlmError, Interrupted, UsageError
 

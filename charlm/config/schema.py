@@ -8,16 +8,15 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import math
 import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 
-from charlm.config.arch_rules import arch_problems
+from charlm.config.checks import config_problems
 from charlm.config.sources import (  # noqa: F401  (re-exported: the config API in one import)
     CONFIG_DIRS,
     Options,
@@ -275,7 +274,7 @@ def build_config(settings: list[Setting]) -> Config:
         if problem:
             errors.append(problem)
     config = Config(**{name: SECTIONS[name](**values[name]) for name in SECTIONS})
-    errors += _check_ranges(config)
+    errors += config_problems(config)
     raise_all(errors)
     return config
 
@@ -306,55 +305,6 @@ def _apply(values: dict[str, dict[str, Any]], s: Setting) -> str | None:
 def _suggest(word: str, options: list[str], prefix: str = "") -> str:
     close = difflib.get_close_matches(word, options, n=1, cutoff=0.6)
     return f"; did you mean '{prefix}{close[0]}'?" if close else f"; valid: {', '.join(prefix + o for o in options)}"
-
-
-def _check_ranges(config: Config) -> list[str]:
-    errors = []
-    for section in SECTIONS:
-        obj = getattr(config, section)
-        for f in dataclasses.fields(obj):
-            value = getattr(obj, f.name)
-            if value is None or isinstance(value, (bool, str, list)):
-                continue
-            problem = _range_problem(value, f.metadata)
-            if problem:
-                errors.append(f"{section}.{f.name}: {problem}, got {value!r}")
-    m = config.model
-    shape_ok = m.n_embd >= 1 and m.n_head >= 1  # cross-key checks only once each key is valid on its own
-    if shape_ok and m.n_embd % m.n_head:
-        errors.append(f"model.n_embd ({m.n_embd}) must be divisible by model.n_head ({m.n_head})")
-    if shape_ok and m.pos_encoding == "rope" and m.n_embd % m.n_head == 0 and (m.n_embd // m.n_head) % 2:
-        errors.append(f"model.pos_encoding rope needs an even head size, but n_embd / n_head = {m.n_embd // m.n_head}")
-    if m.n_experts and m.expert_top_k > m.n_experts:
-        errors.append(f"model.expert_top_k ({m.expert_top_k}) must be at most model.n_experts ({m.n_experts})")
-    errors += arch_problems(config.model, config.data)
-    if config.train.max_steps == 0 and config.train.max_seconds == 0:
-        errors.append("train.max_steps and train.max_seconds are both 0: set at least one limit")
-    if not valid_device_name(config.train.device):
-        errors.append(f"train.device: expected {DEVICE_NAMES}, got {config.train.device!r}")
-    return errors
-
-
-DEVICE_NAMES = "auto, cpu, cuda, cuda:N or mps"
-
-
-def valid_device_name(name: str) -> bool:
-    """The one check of a device name, for train.device and the --device options."""
-    return name in ("auto", "cpu", "cuda", "mps") or (name.startswith("cuda:") and name[5:].isdigit())
-
-
-def _range_problem(value: float, meta: Mapping[str, Any]) -> str | None:
-    if not math.isfinite(value):
-        return "must be a finite number"
-    if "ge" in meta and value < meta["ge"]:
-        return f"must be >= {meta['ge']}"
-    if "gt" in meta and value <= meta["gt"]:
-        return f"must be > {meta['gt']}"
-    if "le" in meta and value > meta["le"]:
-        return f"must be <= {meta['le']}"
-    if "lt" in meta and value >= meta["lt"]:
-        return f"must be < {meta['lt']}"
-    return None
 
 
 def load_config(path: str | Path | None, sets: Sequence[str] = (), options: Options | None = None) -> Config:

@@ -8,7 +8,7 @@ import random
 
 import torch
 
-from charlm.config.schema import DEVICE_NAMES, valid_device_name
+from charlm.config.checks import DEVICE_NAMES, valid_device_name
 from charlm.errors import UsageError
 
 MIN_TORCH = (2, 6)  # torch.load(weights_only=True) is safe from 2.6 on

@@ -1,0 +1,62 @@
+"""The checks of a whole config beyond each value's type: ranges, keys that must agree with each other and with
+model.arch, and the device name (no torch imported here)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from charlm.config.arch_rules import arch_problems
+
+
+def config_problems(config: Any) -> list[str]:
+    """Every value out of its range and every pair of keys that disagree, each naming its key (config: a
+    charlm.config.schema.Config, which imports this module)."""
+    errors = []
+    for section in (f.name for f in dataclasses.fields(config)):
+        obj = getattr(config, section)
+        for f in dataclasses.fields(obj):
+            value = getattr(obj, f.name)
+            if value is None or isinstance(value, (bool, str, list)):
+                continue
+            problem = _range_problem(value, f.metadata)
+            if problem:
+                errors.append(f"{section}.{f.name}: {problem}, got {value!r}")
+    m = config.model
+    shape_ok = m.n_embd >= 1 and m.n_head >= 1  # cross-key checks only once each key is valid on its own
+    if shape_ok and m.n_embd % m.n_head:
+        errors.append(f"model.n_embd ({m.n_embd}) must be divisible by model.n_head ({m.n_head})")
+    if shape_ok and m.pos_encoding == "rope" and m.n_embd % m.n_head == 0 and (m.n_embd // m.n_head) % 2:
+        errors.append(f"model.pos_encoding rope needs an even head size, but n_embd / n_head = {m.n_embd // m.n_head}")
+    if m.n_experts and m.expert_top_k > m.n_experts:
+        errors.append(f"model.expert_top_k ({m.expert_top_k}) must be at most model.n_experts ({m.n_experts})")
+    errors += arch_problems(config.model, config.data)
+    if config.train.max_steps == 0 and config.train.max_seconds == 0:
+        errors.append("train.max_steps and train.max_seconds are both 0: set at least one limit")
+    if not valid_device_name(config.train.device):
+        errors.append(f"train.device: expected {DEVICE_NAMES}, got {config.train.device!r}")
+    return errors
+
+
+DEVICE_NAMES = "auto, cpu, cuda, cuda:N or mps"
+
+
+def valid_device_name(name: str) -> bool:
+    """The one check of a device name, for train.device and the --device options."""
+    return name in ("auto", "cpu", "cuda", "mps") or (name.startswith("cuda:") and name[5:].isdigit())
+
+
+def _range_problem(value: float, meta: Mapping[str, Any]) -> str | None:
+    if not math.isfinite(value):
+        return "must be a finite number"
+    if "ge" in meta and value < meta["ge"]:
+        return f"must be >= {meta['ge']}"
+    if "gt" in meta and value <= meta["gt"]:
+        return f"must be > {meta['gt']}"
+    if "le" in meta and value > meta["le"]:
+        return f"must be <= {meta['le']}"
+    if "lt" in meta and value >= meta["lt"]:
+        return f"must be < {meta['lt']}"
+    return None
