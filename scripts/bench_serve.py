@@ -21,12 +21,14 @@ import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from benchlib import append_section
 
@@ -58,9 +60,13 @@ class Stream:
 class Server:
     """`python -m charlm serve CKPT --port 0` in its own process, its address read from what it prints."""
 
-    def __init__(self, checkpoint: str):
+    def __init__(self, checkpoint: str, tree: Path | None = None):
+        """tree: another commit's files (--against), whose charlm the process imports instead of this one's."""
+        env = {**os.environ, "PYTHONPATH": str(tree)} if tree else None
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "charlm", "serve", checkpoint, "--port", "0"],
+            [sys.executable, "-m", "charlm", "serve", str(Path(checkpoint).resolve()), "--port", "0"],
+            cwd=tree,
+            env=env,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
@@ -149,6 +155,41 @@ def complete(results: list[Stream], chars: int) -> bool:
     return all(r.done and r.chars == chars and r.finish_reason == "length" for r in results)
 
 
+def against(args: argparse.Namespace) -> None:
+    """This code's server and --against's side by side, rounds alternating: one client, then --clients together."""
+    from bench_sample import checkout
+
+    with tempfile.TemporaryDirectory() as tmp:
+        sides = {
+            "this code": Server(args.checkpoint),
+            args.against: Server(args.checkpoint, checkout(args.against, Path(tmp))),
+        }
+        rates: dict[str, tuple[list[float], list[float]]] = {name: ([], []) for name in sides}
+        try:
+            for server in sides.values():
+                stream(server, 20, 0)  # warm-up
+            for round_ in range(1, args.rounds + 1):
+                for name, server in sides.items():
+                    alone = stream(server, args.chars, round_)
+                    results, wall = together(server, args.clients, args.chars, 100 * round_)
+                    if not (complete(results, args.chars) and alone.chars == args.chars):
+                        raise SystemExit(f"{name}: a stream came back short")
+                    rates[name][0].append(alone.chars / alone.total_s)
+                    rates[name][1].append(sum(r.chars for r in results) / wall)
+                    print(
+                        f"round {round_}: {name:>12}: one client {rates[name][0][-1]:.0f} chars/s, {args.clients} "
+                        f"clients {rates[name][1][-1]:.0f} chars/s",
+                        flush=True,
+                    )
+        finally:
+            for server in sides.values():
+                server.stop()
+    for name, (single, aggregate) in rates.items():
+        one, many = statistics.median(single), statistics.median(aggregate)
+        shown = f"{name:>12}: median one client {one:.0f} chars/s, {args.clients} clients {many:.0f} chars/s"
+        print(f"{shown} ({many / one:.2f}x one)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("checkpoint", nargs="?", default="runs/cpu")
@@ -157,9 +198,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="alternating rounds of one client, then all of them")
     parser.add_argument("--first-char-trials", type=int, default=21)
     parser.add_argument("--record", action="store_true", help="append the figures to docs/benchmarks.md")
+    parser.add_argument("--against", help="also serve with this commit's code, rounds alternating (one client, then N)")
     args = parser.parse_args()
     if not Path(args.checkpoint).exists():
         raise SystemExit(f"no model at {args.checkpoint}: train one with `charlm train` (or name a checkpoint)")
+    if args.against:
+        return against(args)
 
     server = Server(args.checkpoint)
     failures: list[str] = []
