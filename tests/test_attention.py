@@ -8,8 +8,8 @@ from conftest import assert_one_line_error, run_cli
 
 from charlm.config.schema import ModelConfig
 from charlm.decoding.generate import generate_ids
+from charlm.models.attention import attention_mask
 from charlm.models.decoder import GPT
-from charlm.models.layers import attention_mask
 
 V = 11
 ENCODINGS = ["learned", "sinusoidal", "rope", "alibi"]

@@ -265,7 +265,8 @@ def test_encoder_decoder_two_ranks_of_batch_b_equal_one_process_of_batch_2b(tmp_
 
 
 def test_encoder_two_ranks_of_batch_b_equal_one_process_of_batch_2b(tmp_path, corpus):
-    from charlm.models.encoder import EncoderOnly, MaskedWindows
+    from charlm.data.masking import MaskedWindows
+    from charlm.models.encoder import EncoderOnly
 
     batch = 4
     sets = [f"train.batch_size={batch}", "train.warmup_steps=0", "train.lr=1e-2", "model.arch=encoder"]

@@ -20,9 +20,10 @@ from conftest import (
 import charlm
 from charlm.config.schema import load_config
 from charlm.data.corpus import IGNORE
+from charlm.data.masking import hide
 from charlm.errors import UsageError
 from charlm.families.registry import model_info
-from charlm.models.encoder import EncoderOnly, hide
+from charlm.models.encoder import EncoderOnly
 
 ENCODER = [*SMALL, "--set", "model.arch=encoder", "--set", "train.batch_size=64"]
 

@@ -21,13 +21,14 @@ from charlm.decoding.options import DecodeOptions, field_name
 from charlm.decoding.transduce import TransductionResult
 from charlm.errors import UsageError
 from charlm.evaluation.loss import EvalResult
+from charlm.evaluation.masked import MaskedResult
 from charlm.families import decoder as text
 from charlm.families import encoder as masked
 from charlm.families import encoder_decoder as pairs
 from charlm.families.registry import AnyModel, family
 from charlm.hardware.device import pick_device
 from charlm.models.decoder import GPT
-from charlm.models.encoder import EncoderOnly, MaskedResult
+from charlm.models.encoder import EncoderOnly
 from charlm.models.encoder_decoder import EncoderDecoder
 from charlm.models.info import ModelInfo
 from charlm.models.linear import onednn_linears, onednn_problem, use_onednn

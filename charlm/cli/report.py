@@ -13,7 +13,7 @@ if TYPE_CHECKING:  # only for annotations: `charlm config --keys` must not impor
     from charlm.config.reference import KeyInfo
     from charlm.decoding.transduce import TransductionResult
     from charlm.evaluation.loss import EvalResult
-    from charlm.models.encoder import MaskedResult
+    from charlm.evaluation.masked import MaskedResult
     from charlm.models.info import ModelInfo
     from charlm.storage.run_state import TrainSummary
 

@@ -55,8 +55,7 @@ class CompiledDecoder:
     def step(self, ids: torch.Tensor) -> torch.Tensor:
         """Logits (B, 1, V) of the next position, after the cache's first chunk was encoded by model(..., cache)."""
         position = self.cache.length
-        if not self.model.relative_positions and position + 1 > self.model.config.block_size:
-            raise ValueError(f"position {position} is beyond the model's block_size {self.model.config.block_size}")
+        self.model.check_length(position + 1)
         self.cache.prefill = False
         self.ids.copy_(ids)
         pos = torch.full((1,), position, dtype=torch.long, device=self.ids.device)

@@ -12,13 +12,16 @@ from torch import nn
 
 from charlm.config.schema import Config, ModelConfig
 from charlm.data.corpus import Corpus
+from charlm.data.masking import MaskedWindows
+from charlm.decoding.fill import fill
 from charlm.errors import UsageError
 from charlm.evaluation.loss import EvalResult
+from charlm.evaluation.masked import MaskedResult, all_windows, masked_score
 from charlm.families.base import AnyCorpus, Family, Loaded, data_name, num_params, optimizer_name, same_file
 from charlm.families.decoder import validation_ids
 from charlm.families.losses import WindowLosses
 from charlm.hardware.distributed import Dist
-from charlm.models.encoder import EncoderOnly, MaskedResult, MaskedWindows, all_windows, fill, masked_score
+from charlm.models.encoder import EncoderOnly
 from charlm.models.info import ModelInfo, encoder_info
 
 

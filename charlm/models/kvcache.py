@@ -1,11 +1,32 @@
 """Keys and values kept between decoding steps: one text at a time (KVCache), many texts at their own positions
-decoded together (RowCache, for `charlm serve`), or one text in fixed shapes for a compiled step (StaticCache)."""
+decoded together (RowCache, for `charlm serve`), or one text in fixed shapes for a compiled step (StaticCache); each
+kind answers the model through one interface (Cache), so the model never asks which kind it holds."""
 
 from __future__ import annotations
 
-from typing import TypeVar
+from collections.abc import Callable
+from typing import Protocol, TypeVar
 
 import torch
+
+LengthCheck = Callable[[int], None]  # the model's refusal of a text of that many positions (Transformer.check_length)
+
+
+class Cache(Protocol):
+    """What a model asks of a cache, whatever its kind: the positions of a forward's new tokens, each layer's keys
+    and values, and token shift's memory. The model calls these without asking which kind it holds."""
+
+    def begin(self, length: int, start: int, check: LengthCheck) -> torch.Tensor:
+        """Once per forward, before the layers: the new tokens' positions, (T,) or (B, 1), their slots claimed."""
+        ...
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Store a layer's new keys and values (B, nh, T, hd); the keys, values and key positions to attend to."""
+        ...
+
+    def predecessors(self, x: torch.Tensor, point: int) -> torch.Tensor:
+        """Token shift at shift point `point`: each position's predecessor in x (B, T, C), across steps."""
+        ...
 
 
 class KVCache:
@@ -32,7 +53,7 @@ class KVCache:
         self.last = token_shift_state(n_layer, batch, n_head * head_dim, device, dtype)
         self.max_len = max_len
         self.length = 0  # the next position (0: empty)
-        self.prefill = True  # whether this step is a text's (or window's) first chunk: set by advance()
+        self.prefill = True  # whether this step is a text's (or window's) first chunk: set by begin()
 
     def reset(self) -> None:
         self.length = 0
@@ -48,16 +69,22 @@ class KVCache:
         self.k, self.v = self.k.index_select(1, index), self.v.index_select(1, index)
         self.last = self.last.index_select(1, index)
 
-    def advance(self, pos: torch.Tensor, next_position: int) -> None:
-        """Once per forward, before the layers: claim the slots of this step's positions (T,)."""
-        if self.length and len(pos) != 1:
+    def begin(self, length: int, start: int, check: LengthCheck) -> torch.Tensor:
+        """Once per forward, before the layers: the positions (T,) of `length` new tokens, which continue the text
+        held (or start at `start` in an empty cache), their slots claimed. `check` is the model's refusal of a text
+        longer than its positions allow."""
+        first = self.length or start
+        check(first + length)
+        if self.length and length != 1:
             raise ValueError("a non-empty KV cache takes one new position at a time")
+        pos = torch.arange(first, first + length, device=self.pos.device)  # (T,)
         self.prefill = self.length == 0
         kept = pos[-self.max_len :]
         self.slots = kept % self.max_len
         self.pos[self.slots] = kept
         self.step_pos = pos
-        self.length = next_position
+        self.length = first + length
+        return pos
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Store this step's (B, nh, T, hd) keys/values; return the keys, values and positions to attend to."""
@@ -118,8 +145,9 @@ class RowCache:
         self.pos[target], self.next_pos[target] = self.pos[source], self.next_pos[source]
         self.last[:, target] = self.last[:, source]
 
-    def begin_step(self, length: int) -> torch.Tensor:
-        """Once per forward, before the layers: each active row's position (B, 1), its slot claimed."""
+    def begin(self, length: int, start: int, check: LengthCheck) -> torch.Tensor:
+        """Once per forward, before the layers: each active row's next position (B, 1), its slot claimed. Neither
+        `start` nor `check` applies: each row continues its own text, whose window its owner keeps (charlm.serving)."""
         if length != 1:
             raise ValueError("a RowCache takes one new position per row at a time; encode prompts with a KVCache")
         n = self.active
@@ -174,14 +202,17 @@ class StaticCache:
         self.length = 0
         self.pos.fill_(RowCache.EMPTY)
 
-    def advance(self, pos: torch.Tensor, next_position: int) -> None:
-        """A first chunk's positions (T,), before the layers (an eager forward pass, as KVCache.advance)."""
+    def begin(self, length: int, start: int, check: LengthCheck) -> torch.Tensor:
+        """A first chunk's positions (T,) from `start`, before the layers (an eager forward pass, as KVCache.begin)."""
         if self.length:
             raise ValueError("a non-empty static cache takes its steps through CompiledDecoder.step")
+        check(start + length)
+        pos = torch.arange(start, start + length, device=self.pos.device)  # (T,)
         self.prefill = True
         self.claim(pos[-self.max_len :])
         self.step_pos = pos
-        self.length = next_position
+        self.length = start + length
+        return pos
 
     def predecessors(self, x: torch.Tensor, point: int) -> torch.Tensor:
         """As KVCache.predecessors (in place inside the compiled step)."""
@@ -220,5 +251,4 @@ def shifted(x: torch.Tensor, last: torch.Tensor, fresh: bool) -> torch.Tensor:
     return previous
 
 
-AnyCache = KVCache | RowCache | StaticCache
 CacheT = TypeVar("CacheT", KVCache, RowCache, StaticCache)  # a kind of cache asked for by its class

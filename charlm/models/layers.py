@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from charlm.config.schema import ModelConfig
-from charlm.models.kvcache import AnyCache
+from charlm.models.kvcache import Cache
 from charlm.models.linear import Linear
 
 # ---------------------------------------------------------------------------- positional encodings
@@ -118,22 +118,6 @@ def alibi_slopes(n_head: int) -> torch.Tensor:
     return torch.tensor(powers(closest) + powers(2 * closest)[0::2][: n_head - closest])
 
 
-def attention_mask(
-    q_pos: torch.Tensor, k_pos: torch.Tensor, window: int, slopes: torch.Tensor | None, dtype: torch.dtype
-) -> torch.Tensor:
-    """Each query sees itself and the window - 1 positions before it, never the future.
-
-    Without ALiBi: a boolean (Tq, Tk) mask. With ALiBi: an additive (nh, Tq, Tk) bias of -slope x distance, -inf
-    outside the window. Positions given per row, (B, Tq) and (B, Tk), give (B, 1, Tq, Tk) and (B, nh, Tq, Tk).
-    """
-    distance = q_pos[..., :, None] - k_pos[..., None, :]  # (Tq, Tk) or (B, Tq, Tk)
-    allowed = (distance >= 0) & (distance < window)
-    if slopes is None:
-        return allowed if allowed.dim() == 2 else allowed[:, None]
-    bias = -slopes.to(dtype)[:, None, None] * distance.unsqueeze(-3).to(dtype)  # (nh, Tq, Tk) or (B, nh, Tq, Tk)
-    return bias.masked_fill(~allowed.unsqueeze(-3), float("-inf"))
-
-
 def part_bias(config: ModelConfig, part: str) -> bool:
     """Whether a part's Linear layers have biases: model.<part>_bias if set, else model.bias."""
     own = getattr(config, f"{part}_bias")
@@ -158,7 +142,7 @@ class TokenShift(nn.Module):
         self.mix = nn.Parameter(torch.zeros(dim))  # m: how much of each channel of x_{t-1}
         self.gate = nn.Parameter(torch.zeros(dim))  # g: sigmoid(0) = 1/2 at first, for every character
 
-    def forward(self, x: torch.Tensor, cache: AnyCache | None = None, point: int = 0) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cache: Cache | None = None, point: int = 0) -> torch.Tensor:
         """x (B, T, C) shifted. Few operations: a decoding step runs this at every shift point for each character,
         where each operation's dispatch costs more than its arithmetic."""
         previous = predecessors(x) if cache is None else cache.predecessors(x, point)  # (B, T, C)
