@@ -137,6 +137,12 @@ def main() -> None:
     parser.add_argument("--uncached-tokens", type=int, default=200, help="new characters for the reference path")
     parser.add_argument("--rounds", type=int, default=3, help="0: no timing (the agreement run only)")
     parser.add_argument("--against", help="an earlier commit to time beside this code (e.g. HEAD~1)")
+    parser.add_argument(
+        "--against-decoders",
+        default="float32",
+        help="which decoders --against times too: float32 (default), or all (int8 and compiled: needs a commit "
+        "that has them)",
+    )
     parser.add_argument("--checkpoint", help="a trained decoder (run folder or file) for the agreement run")
     parser.add_argument("--model", help="time this trained decoder (run folder or file) instead of a random 6 x 384")
     parser.add_argument("--beside", help="also time this trained decoder (float32) with this code, alternating")
@@ -152,7 +158,11 @@ def main() -> None:
         if args.against:
             sha = subprocess.run(["git", "rev-parse", "--short", args.against], cwd=ROOT, capture_output=True,
                                  text=True, check=True).stdout.strip()  # fmt: skip
-            variants.insert(0, (f"commit {sha}", checkout(args.against, Path(tmp)), "float32", False, model))
+            old = checkout(args.against, Path(tmp))
+            decoders = DECODERS if args.against_decoders == "all" else [("float32", False)]
+            earlier = [(f"commit {sha}", old, precision, compiled, model) for precision, compiled in decoders]
+            # each decoder's two sides one after the other, so drift between them stays small
+            variants = [v for pair in zip(earlier, variants, strict=False) for v in pair] + variants[len(earlier) :]
         if args.beside:
             variants.insert(0, (f"model {args.beside}", ROOT, "float32", False, args.beside))
         rows: list[list[str]] = []
