@@ -79,6 +79,22 @@ def test_a_fresh_model_starts_from_the_same_weights_as_before(path: Path):
     torch.testing.assert_close(sums, checkpoint.state["fresh_sums"], atol=0, rtol=1e-12)
 
 
+@pytest.mark.parametrize("folder", sorted((BEFORE / "exports").iterdir()), ids=lambda p: p.name)
+@torch.no_grad()
+def test_an_export_written_before_loads_and_gives_the_same_logits(folder: Path):
+    """Export folders (safetensors, config.json, vocab.json) written by `charlm export` of the code before the
+    packages by role, from three of the models above: today's charlm.load reads them and computes what that code
+    stored beside the model."""
+    pytest.importorskip("safetensors", reason="exports need the safetensors package (the test extra has it)")
+    import charlm
+
+    stored = load_checkpoint(BEFORE / f"{folder.name}.pt").state
+    model = charlm.load(folder, "cpu").module.eval()
+    inputs = stored["inputs"]
+    logits = model(inputs["src"], inputs["tgt_in"])[0] if "src" in inputs else model(inputs["idx"])[0]
+    same(logits, stored["expected_logits"])
+
+
 def forced_steps(model: torch.nn.Module, text: torch.Tensor) -> torch.Tensor:
     """The logits (N - 1, V) of every step of the cached decoding loop fed the text's own next character."""
     seen: list[torch.Tensor] = []
