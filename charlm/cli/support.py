@@ -4,6 +4,7 @@ the entry point that turns each failure into one line on stderr and an exit code
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sys
 from enum import Enum
@@ -175,7 +176,21 @@ def run_app(app: typer.Typer, argv: list[str] | None = None) -> None:
                 "(rerun with --debug for the traceback)"
             )
             code = 1
-    sys.exit(code or 0)
+    _exit(code or 0)
+
+
+def _exit(code: int) -> None:
+    """Leave with `code`. Under torchrun, without the interpreter's shutdown: gloo's worker threads outlive
+    destroy_process_group once a model was wrapped in DDP, and one freeing a finished collective's tensors during
+    shutdown (it needs the GIL) aborts the rank with `terminate called without an active exception`."""
+    if "torch" in sys.modules:
+        from charlm.hardware.distributed import under_torchrun
+
+        if under_torchrun():
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+    sys.exit(code)
 
 
 def _terminated(signum: int, frame: object) -> None:
