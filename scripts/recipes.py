@@ -4,10 +4,12 @@
         --recipe "cosine:" --recipe "plateau:train.lr_schedule=plateau train.eval_interval=100"
 
 A recipe is NAME:SETTINGS, the settings being `section.key=value` items applied over --config (default: cpu, the
-default run). Runs alternate (seed 1: every recipe, seed 2: every recipe, ...) so that the machine's drift falls on
-all recipes alike. Each run's wall time is measured around `charlm train` (start-up and the final full validation
-pass included, as a user waits for them); its loss is the full validation pass of best.pt. With --record TITLE the
-table and the per-recipe median / min / max go to docs/benchmarks.md.
+default run). With --budget 10m every run is `charlm train --budget 10m`: a recipe's settings are kept over what the
+budget's rule picks, and a recipe with none is the rule's own pick (charlm/training/budget.py). Runs alternate (seed
+1: every recipe, seed 2: every recipe, ...) so that the machine's drift falls on all recipes alike. Each run's wall
+time is measured around `charlm train` (start-up and the final full validation pass included, as a user waits for
+them); its loss is the full validation pass of best.pt. With --record TITLE the table and the per-recipe median /
+min / max go to docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -22,18 +24,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchlib import append_section, run_charlm, set_args
 
 
-def train(config: str, data: str, seed: int, sets: list[str], out_dir: Path) -> dict:
+def train(config: str, data: str, seed: int, sets: list[str], out_dir: Path, budget: str | None = None) -> dict:
     args = ["train", "--config", config, "--data", data, "--out-dir", str(out_dir), "--seed", str(seed)]
-    summary, wall = run_charlm(*args, *set_args(sets))
+    summary, wall = run_charlm(*args, *(["--budget", budget] if budget else []), *set_args(sets))
     return {**summary, "outer_wall_s": wall}
 
 
-def run_recipes(config: str, data: str, seeds: list[int], recipes: list[tuple[str, list[str]]]) -> list[dict]:
+def run_recipes(
+    config: str, data: str, seeds: list[int], recipes: list[tuple[str, list[str]]], budget: str | None = None
+) -> list[dict]:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for seed in seeds:
             for name, sets in recipes:
-                s = train(config, data, seed, sets, Path(tmp) / f"{name}-{seed}")
+                s = train(config, data, seed, sets, Path(tmp) / f"{name}-{seed}", budget)
                 rows.append(
                     {
                         "recipe": name,
@@ -86,10 +90,11 @@ def main() -> None:
     parser.add_argument("--config", default="cpu")
     parser.add_argument("--seeds", type=int, nargs="+", default=[1337, 1338, 1339])
     parser.add_argument("--recipe", action="append", required=True, help="NAME:SETTINGS (repeatable)")
+    parser.add_argument("--budget", help="charlm train --budget for every run (10m, 1h): the rule's recipe under each")
     parser.add_argument("--record", metavar="TITLE", help="append the figures to docs/benchmarks.md")
     args = parser.parse_args()
     recipes = [parse_recipe(r) for r in args.recipe]
-    rows = run_recipes(args.config, args.data, args.seeds, recipes)
+    rows = run_recipes(args.config, args.data, args.seeds, recipes, args.budget)
     summary = summarize(rows, recipes)
     print()
     for s in summary:

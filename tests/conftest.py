@@ -42,6 +42,51 @@ SMALL = [
 ]
 
 
+def train_cli(
+    data: Path | str | None = None,
+    out: Path | str | None = None,
+    *extra: object,
+    steps: int | None = None,
+    config: str | Path | list | tuple | None = None,
+    sets: dict[str, object] | list[str] | None = None,
+    **flags: object,
+) -> list[str]:
+    """The argument list of a `charlm train` command: train CONFIG --data DATA --out-dir OUT --set KEY=VALUE...
+    --max-steps STEPS --FLAG [VALUE]... EXTRA...
+
+    config: the SMALL model unless given (nothing with resume=True: a resumed run keeps its own); a config name or
+    file passes `--config` it alone, a list passes its arguments as they are ([] passes none). data and out: left out
+    when None. sets: {"train.lr": 0.01} or ["train.lr=0.01"], each a `--set`. flags: each keyword an option, its
+    underscores dashes: quiet=True -> --quiet, seed=3 -> --seed 3, init_from=PATH -> --init-from PATH (False or None:
+    left out). extra: appended as given.
+
+        train_cli(corpus, run, steps=20, quiet=True, sets={"train.eval_interval": 2})
+        train_cli(out=run, resume=True, steps=40, json=True)
+    """
+    if config is None:
+        config = [] if flags.get("resume") else SMALL
+    elif isinstance(config, (str, Path)):
+        config = ["--config", config]
+    args: list[object] = ["train", *config]
+    if data is not None:
+        args += ["--data", data]
+    if out is not None:
+        args += ["--out-dir", out]
+    if isinstance(sets, dict):
+        sets = [f"{key}={str(value).lower() if isinstance(value, bool) else value}" for key, value in sets.items()]
+    for item in sets or []:
+        args += ["--set", item]
+    if steps is not None:
+        args += ["--max-steps", steps]
+    for name, value in flags.items():
+        if value is None or value is False:
+            continue
+        args.append("--" + name.replace("_", "-"))
+        if value is not True:
+            args.append(value)
+    return [str(a) for a in [*args, *extra]]
+
+
 @pytest.fixture(scope="session")
 def corpus() -> Path:
     """The tiny-shakespeare excerpt shipped in tests/data (61 distinct characters)."""
@@ -227,7 +272,7 @@ def sha256(path: Path) -> str:
 def tiny_checkpoint(tmp_path_factory, corpus) -> Path:
     """best.pt of a small model trained once per test session through the real CLI."""
     run_dir = tmp_path_factory.mktemp("tiny-run")
-    run_cli("train", *SMALL, "--data", corpus, "--out-dir", run_dir, "--max-steps", 60, check=True)
+    run_cli(*train_cli(corpus, run_dir, steps=60), check=True)
     return run_dir / "best.pt"
 
 
@@ -248,6 +293,12 @@ def mirror():
         s.httpd.server_close()
 
 
+def last_logged_step(run: Path) -> int:
+    """The step of the last complete line of a run folder's steps.jsonl (a line still being written is not one)."""
+    lines = (run / "steps.jsonl").read_text().split("\n")[:-1]  # what follows the last newline is incomplete
+    return json.loads(lines[-1])["step"]
+
+
 def step_losses(run: Path) -> list[float]:
     """Every logged step loss of a run folder's metrics.jsonl, in order."""
     return [json.loads(line)["step_loss"] for line in (run / "metrics.jsonl").read_text().splitlines()]
@@ -261,7 +312,7 @@ def assert_resume_is_exact(common: list, folder: Path, steps: int = 12) -> None:
 
     run_cli(*common, "--out-dir", folder / "straight", "--max-steps", steps, "--quiet", check=True)
     run_cli(*common, "--out-dir", folder / "split", "--max-steps", steps // 2, "--quiet", check=True)
-    run_cli("train", "--resume", "--out-dir", folder / "split", "--max-steps", steps, "--quiet", check=True)
+    run_cli(*train_cli(out=folder / "split", resume=True, steps=steps, quiet=True), check=True)
     assert step_losses(folder / "straight") == step_losses(folder / "split")
     a = load_checkpoint(folder / "straight" / "last.pt").state["model"]
     b = load_checkpoint(folder / "split" / "last.pt").state["model"]

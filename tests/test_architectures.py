@@ -5,7 +5,7 @@ import math
 
 import pytest
 import torch
-from conftest import SMALL, run_cli
+from conftest import run_cli, train_cli
 
 from charlm.config.schema import Config, ModelConfig
 from charlm.decoding.generate import generate_ids
@@ -187,22 +187,9 @@ def test_info_cli_for_the_gpu_config_shows_about_10_7m(tmp_path):
 @pytest.mark.parametrize("encoding", ["rope", "alibi", "sinusoidal"])
 def test_variants_train_resume_eval_sample_and_info_through_the_cli(tmp_path, corpus, encoding):
     run = tmp_path / encoding
-    args = (
-        "train",
-        *SMALL,
-        "--data",
-        corpus,
-        "--out-dir",
-        run,
-        "--set",
-        f"model.pos_encoding={encoding}",
-        "--set",
-        "model.norm=rmsnorm",
-        "--set",
-        "model.activation=swiglu",
-    )
-    run_cli(*args, "--max-steps", "10", check=True)
-    run_cli("train", "--resume", "--out-dir", run, "--max-steps", "20", check=True)
+    sets = [f"model.pos_encoding={encoding}", "model.norm=rmsnorm", "model.activation=swiglu"]
+    run_cli(*train_cli(corpus, run, steps=10, sets=sets), check=True)
+    run_cli(*train_cli(out=run, resume=True, steps=20), check=True)
     ckpt = load_checkpoint(run / "last.pt")
     assert ckpt.step == 20 and ckpt.config.model.pos_encoding == encoding
     assert json.loads(run_cli("eval", run / "best.pt", "--json", check=True).stdout)["chars"] > 0

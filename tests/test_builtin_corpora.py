@@ -11,26 +11,17 @@ import zipfile
 from pathlib import Path
 
 from charlm.data.download import CORPORA
-from tests.conftest import assert_one_line_error, run_cli
+from tests.conftest import assert_one_line_error, run_cli, train_cli
 
-SMALL_MODEL = [
-    "--set",
+SMALL_MODEL = [  # --set values
     "model.n_layer=1",
-    "--set",
     "model.n_embd=32",
-    "--set",
     "model.n_head=2",
-    "--set",
     "model.block_size=16",
-    "--set",
     "train.max_steps=6",
-    "--set",
     "train.max_seconds=0",
-    "--set",
     "train.eval_interval=3",
-    "--set",
     "train.eval_windows=8",
-    "--set",
     "train.warmup_steps=2",
 ]
 
@@ -77,21 +68,8 @@ def test_enwik8_downloads_extracts_trains_on_bytes_and_reports_bits_per_byte(tmp
     assert "already there, verified" in again.stderr and server.requests["/good"] == 1
 
     run = tmp_path / "run"
-    trained = run_cli(
-        "train",
-        "--config",
-        "enwik8",
-        "--data",
-        dest,
-        "--out-dir",
-        run,
-        "--set",
-        "data.val_size=5000",
-        "--set",
-        "data.test_size=5000",
-        *SMALL_MODEL,
-        "--json",
-    )
+    sets = ["data.val_size=5000", "data.test_size=5000", *SMALL_MODEL]
+    trained = run_cli(*train_cli(dest, run, config="enwik8", sets=sets, json=True))
     assert trained.returncode == 0, trained.stderr
     assert json.loads(trained.stdout)["unit"] == "byte"
     figures = json.loads(run_cli("eval", run, "--split", "test", "--json", check=True).stdout)
@@ -123,21 +101,8 @@ def test_text8_splits_90_5_5_the_papers_way_and_scores_the_test_split(tmp_path, 
         check=True,
     )
     run = tmp_path / "run"
-    run_cli(
-        "train",
-        "--config",
-        "text8",
-        "--data",
-        dest,
-        "--out-dir",
-        run,
-        "--set",
-        "data.val_size=2000",
-        "--set",
-        "data.test_size=2000",
-        *SMALL_MODEL,
-        check=True,
-    )
+    sets = ["data.val_size=2000", "data.test_size=2000", *SMALL_MODEL]
+    run_cli(*train_cli(dest, run, config="text8", sets=sets), check=True)
     figures = json.loads(run_cli("eval", run, "--split", "test", "--stride", "4", "--json", check=True).stdout)
     assert figures["chars"] == 1999 and figures["unit"] == "char" and figures["stride"] == 4
     val = json.loads(run_cli("eval", run, "--json", check=True).stdout)
@@ -194,12 +159,7 @@ def test_training_on_a_missing_builtin_corpus_downloads_it_from_its_mirror(tmp_p
     (tmp_path / "data").mkdir()
     # the pinned hash cannot match a stand-in, so a user's mirror must hold the real archive: this one does not
     result = run_cli(
-        "train",
-        "--config",
-        "enwik8",
-        "--out-dir",
-        tmp_path / "run",
-        *SMALL_MODEL,
+        *train_cli(out=tmp_path / "run", config="enwik8", sets=SMALL_MODEL),
         cwd=tmp_path,
         env={"CHARLM_ENWIK8_URL": server.url("good")},
     )

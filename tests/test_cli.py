@@ -3,7 +3,7 @@
 import json
 
 import pytest
-from conftest import SMALL, assert_one_line_error, run_cli
+from conftest import assert_one_line_error, run_cli, train_cli
 
 from charlm import __version__
 
@@ -66,7 +66,7 @@ def test_debug_shows_the_traceback(tmp_path):
 
 
 def test_json_is_one_object_on_one_line(tmp_path, corpus):
-    result = run_cli("train", *SMALL, "--data", corpus, "--out-dir", tmp_path / "r", "--max-steps", "20", "--json")
+    result = run_cli(*train_cli(corpus, tmp_path / "r", steps=20, json=True))
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert len(lines) == 1

@@ -9,32 +9,19 @@ import sys
 import time
 
 import pytest
-from conftest import REPO, SMALL, assert_one_line_error, run_cli
+from conftest import REPO, assert_one_line_error, run_cli, train_cli
 
 
-def _train(cwd, out_dir, corpus, *extra, steps=10):
-    return run_cli(
-        "train",
-        *SMALL,
-        "--data",
-        corpus,
-        "--out-dir",
-        out_dir,
-        "--max-steps",
-        steps,
-        "--json",
-        *extra,
-        cwd=cwd,
-        check=True,
-    )
+def _train(cwd, out_dir, corpus, steps=10, **options):
+    return run_cli(*train_cli(corpus, out_dir, steps=steps, json=True, **options), cwd=cwd, check=True)
 
 
 @pytest.fixture(scope="module")
 def two_runs(tmp_path_factory, corpus):
     """A working folder with runs/old and runs/new, new written last."""
     work = tmp_path_factory.mktemp("work")
-    _train(work, "runs/old", corpus, "--seed", "1")
-    _train(work, "runs/new", corpus, "--seed", "2")
+    _train(work, "runs/old", corpus, seed=1)
+    _train(work, "runs/new", corpus, seed=2)
     now = time.time()  # modification times set, not waited for: some file systems keep whole seconds
     for path in (work / "runs" / "old").iterdir():
         os.utime(path, (now - 60, now - 60))
@@ -94,28 +81,15 @@ def test_a_missing_prompt_file_is_named_as_a_prompt_file(tiny_checkpoint, tmp_pa
 
 
 def test_the_same_command_with_resume_appended_continues_the_run(tmp_path, corpus):
-    first = [
-        "train",
-        *SMALL,
-        "--data",
-        corpus,
-        "--out-dir",
-        tmp_path / "r",
-        "--set",
-        "model.dropout=0.1",
-        "--set",
-        "train.seed=3",
-        "--set",
-        "train.max_steps=10",
-        "--json",
-    ]
+    sets = ["model.dropout=0.1", "train.seed=3", "train.max_steps=10"]
+    first = train_cli(corpus, tmp_path / "r", json=True, sets=sets)
     run_cli(*first, check=True)
     again = run_cli(*first, "--resume", "--set", "train.max_steps=20", check=True)
     assert json.loads(again.stdout)["steps"] == 20
 
 
 def test_resume_refuses_a_real_change_naming_saved_and_given_values_once(tmp_path, corpus):
-    first = ["train", *SMALL, "--data", corpus, "--out-dir", tmp_path / "r", "--max-steps", "10"]
+    first = train_cli(corpus, tmp_path / "r", steps=10)
     run_cli(*first, check=True)
     refused = run_cli(*first, "--resume", "--set", "model.n_embd=48")
     assert_one_line_error(refused, 2, "model.n_embd", "32", "48", "resum")
@@ -125,23 +99,10 @@ def test_resume_refuses_a_real_change_naming_saved_and_given_values_once(tmp_pat
 
 
 def test_resume_compares_a_given_config_file_too(tmp_path, corpus):
-    run_cli("train", "--config", "tiny", "--data", corpus, "--out-dir", tmp_path / "r", "--max-steps", "5", check=True)
-    same = run_cli(
-        "train",
-        "--config",
-        "tiny",
-        "--data",
-        corpus,
-        "--out-dir",
-        tmp_path / "r",
-        "--resume",
-        "--max-steps",
-        "10",
-        "--json",
-        check=True,
-    )
+    run_cli(*train_cli(corpus, tmp_path / "r", steps=5, config="tiny"), check=True)
+    same = run_cli(*train_cli(corpus, tmp_path / "r", steps=10, config="tiny", resume=True, json=True), check=True)
     assert json.loads(same.stdout)["steps"] == 10
-    other = run_cli("train", "--config", "cpu", "--data", corpus, "--out-dir", tmp_path / "r", "--resume")
+    other = run_cli(*train_cli(corpus, tmp_path / "r", config="cpu", resume=True))
     assert other.returncode == 2 and "model.n_embd" in other.stderr and "Traceback" not in other.stderr
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import train_cli
 
 from charlm.config.schema import DataConfig
 from charlm.data.corpus import Corpus, split_sizes
@@ -181,20 +182,7 @@ def test_a_full_disk_while_preparing_leaves_nothing_half_written(tmp_path, corpu
     data = tmp_path / "t.txt"
     data.write_bytes(corpus.read_bytes())  # 120 KB of ids: more than the 50 KB the process may write
     result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "charlm",
-            "train",
-            "--config",
-            "tiny",
-            "--data",
-            str(data),
-            "--out-dir",
-            str(tmp_path / "run"),
-            "--max-steps",
-            "2",
-        ],
+        [sys.executable, "-m", "charlm", *train_cli(data, tmp_path / "run", steps=2, config="tiny")],
         capture_output=True,
         text=True,
         timeout=120,

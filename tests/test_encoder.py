@@ -15,6 +15,7 @@ from conftest import (
     callers_signal_handlers,
     handlers_are,
     run_cli,
+    train_cli,
 )
 
 import charlm
@@ -31,7 +32,7 @@ ENCODER = [*SMALL, "--set", "model.arch=encoder", "--set", "train.batch_size=64"
 @pytest.fixture(scope="module")
 def encoder_run(tmp_path_factory, corpus):
     run = tmp_path_factory.mktemp("encoder") / "run"
-    run_cli("train", *ENCODER, "--data", corpus, "--out-dir", run, "--max-steps", "400", "--quiet", check=True)
+    run_cli(*train_cli(corpus, run, steps=400, quiet=True, config=ENCODER), check=True)
     return run
 
 
@@ -92,8 +93,8 @@ def test_hiding_follows_berts_proportions():
 
 
 def test_resume_is_exact(tmp_path, corpus):
-    common = ["train", *ENCODER, "--data", corpus, "--set", "train.eval_interval=3", "--set", "model.dropout=0.2"]
-    common += ["--set", "train.log_interval=1"]  # every step's loss compared
+    sets = ["train.eval_interval=3", "model.dropout=0.2", "train.log_interval=1"]  # every step's loss compared
+    common = train_cli(corpus, config=ENCODER, sets=sets)
     assert_resume_is_exact(common, tmp_path)
 
 
@@ -145,6 +146,6 @@ def test_muon_takes_the_encoders_matrices(tmp_path, corpus):
     model = EncoderOnly(load_config("tiny", ["model.arch=encoder"]).model, 61)
     matrices = hidden_matrices(model)
     assert len(matrices) == 5 * model.config.n_layer  # per block: Q, K/V, W_O and the feed-forward's two
-    result = run_cli("train", *ENCODER, "--set", "train.optimizer=muon", "--data", corpus, "--out-dir",
-                     tmp_path / "run", "--max-steps", "3", "--quiet")  # fmt: skip
+    muon = ["train.optimizer=muon"]
+    result = run_cli(*train_cli(corpus, tmp_path / "run", steps=3, quiet=True, config=ENCODER, sets=muon))
     assert result.returncode == 0, result.stderr

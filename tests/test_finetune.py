@@ -10,7 +10,7 @@ import torch
 import charlm
 from charlm.errors import UsageError
 from charlm.storage.checkpoint import load_checkpoint
-from tests.conftest import SMALL, assert_one_line_error, run_cli
+from tests.conftest import SMALL, assert_one_line_error, run_cli, train_cli
 
 TINY = {
     "model.n_layer": 1,
@@ -107,22 +107,20 @@ def test_extend_vocab_adds_fresh_rows_and_keeps_the_old_ones(tmp_path, halves, s
 def test_init_from_on_the_command_line_and_its_mistakes(tmp_path, halves, source_run, corpus):
     second = tmp_path / "s.txt"
     second.write_text(halves[1].read_text(encoding="utf-8").replace("z", "s"), encoding="utf-8")
-    ok = run_cli(
-        "train", *SMALL, "--data", second, "--out-dir", tmp_path / "ok", "--max-steps", "3", "--init-from", source_run
-    )
+    ok = run_cli(*train_cli(second, tmp_path / "ok", steps=3, init_from=source_run))
     assert ok.returncode == 0, ok.stderr
     assert "starting from the weights of" in ok.stderr
     assert_one_line_error(
-        run_cli("train", *SMALL, "--data", halves[1], "--out-dir", tmp_path / "a", "--init-from", source_run),
+        run_cli(*train_cli(halves[1], tmp_path / "a", init_from=source_run)),
         2,
         "'z'",
         "--extend-vocab",
     )
     assert_one_line_error(
-        run_cli("train", *SMALL, "--extend-vocab", "--out-dir", tmp_path / "b"), 2, "--extend-vocab", "--init-from"
+        run_cli(*train_cli(out=tmp_path / "b", extend_vocab=True)), 2, "--extend-vocab", "--init-from"
     )
     assert_one_line_error(
-        run_cli("train", *SMALL, "--resume", "--out-dir", source_run, "--init-from", source_run),
+        run_cli(*train_cli(out=source_run, config=SMALL, resume=True, init_from=source_run)),
         2,
         "--resume",
         "--init-from",
@@ -130,7 +128,7 @@ def test_init_from_on_the_command_line_and_its_mistakes(tmp_path, halves, source
     damaged = tmp_path / "damaged.pt"
     damaged.write_bytes((source_run / "best.pt").read_bytes()[:5000])
     assert_one_line_error(
-        run_cli("train", *SMALL, "--data", corpus, "--out-dir", tmp_path / "c", "--init-from", damaged),
+        run_cli(*train_cli(corpus, tmp_path / "c", init_from=damaged)),
         2,
         "cannot load checkpoint",
         "damaged",
@@ -152,7 +150,7 @@ def test_init_from_a_pickle_that_would_run_code_is_refused(tmp_path, source_run,
     state["payload"] = RunsCode(marker)
     torch.save(state, tmp_path / "evil.pt")
     assert_one_line_error(
-        run_cli("train", *SMALL, "--data", corpus, "--out-dir", tmp_path / "r", "--init-from", tmp_path / "evil.pt"),
+        run_cli(*train_cli(corpus, tmp_path / "r", init_from=tmp_path / "evil.pt")),
         2,
         "could run code",
     )

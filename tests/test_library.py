@@ -122,23 +122,19 @@ def test_the_package_says_its_version():
 # -- the plateau rule and early stopping in real runs (a tiny lr keeps the validation loss flat) ------------------
 
 FLAT = [
-    "--set",
     "train.lr=1e-12",
-    "--set",
     "train.min_lr=0",
-    "--set",
     "train.warmup_steps=0",
-    "--set",
     "train.eval_interval=5",
-    "--set",
     "train.lr_schedule=plateau",
 ]
 
 
-def _cli_train(run, corpus, *extra):
-    from conftest import SMALL, run_cli
+def _cli_train(run, corpus, *sets, **options):
+    """`charlm train` of SMALL with FLAT's settings, then `sets`; the same command with resume=True continues it."""
+    from conftest import SMALL, run_cli, train_cli
 
-    return run_cli("train", *SMALL, "--data", corpus, "--out-dir", run, *FLAT, *extra, check=True)
+    return run_cli(*train_cli(corpus, run, config=SMALL, sets=[*FLAT, *sets], **options), check=True)
 
 
 def _lrs(run):
@@ -149,23 +145,19 @@ def _lrs(run):
 
 def test_plateau_halves_the_lr_after_patience_stalled_checks_and_survives_resume(tmp_path, corpus):
     # lr 1e-7: steps too small for the 1e-4 relative improvement the rule asks for, large enough to be lowered
-    common = ("--set", "train.plateau_patience=1", "--set", "train.plateau_factor=0.5", "--set", "train.lr=1e-7")
-    _cli_train(tmp_path / "straight", corpus, *common, "--max-steps", "30")
+    common = ("train.plateau_patience=1", "train.plateau_factor=0.5", "train.lr=1e-7")
+    _cli_train(tmp_path / "straight", corpus, *common, steps=30)
     assert _lrs(tmp_path / "straight") == [(5, 1e-7), (10, 1e-7), (15, 5e-8), (20, 5e-8), (25, 2.5e-8), (30, 2.5e-8)]
-    _cli_train(tmp_path / "split", corpus, *common, "--max-steps", "10")
-    _cli_train(tmp_path / "split", corpus, *common, "--max-steps", "30", "--resume")
+    _cli_train(tmp_path / "split", corpus, *common, steps=10)
+    _cli_train(tmp_path / "split", corpus, *common, steps=30, resume=True)
     assert _lrs(tmp_path / "split") == _lrs(tmp_path / "straight")
 
 
 def test_early_stopping_ends_the_run_says_so_and_survives_resume(tmp_path, corpus):
     import json
 
-    straight = _cli_train(
-        tmp_path / "straight", corpus, "--set", "train.early_stop_patience=2", "--max-steps", "100", "--json"
-    )
+    straight = _cli_train(tmp_path / "straight", corpus, "train.early_stop_patience=2", steps=100, json=True)
     assert json.loads(straight.stdout)["stop_reason"] == "early_stop" and json.loads(straight.stdout)["steps"] == 15
-    _cli_train(tmp_path / "split", corpus, "--set", "train.early_stop_patience=2", "--max-steps", "10")
-    resumed = _cli_train(
-        tmp_path / "split", corpus, "--set", "train.early_stop_patience=2", "--max-steps", "100", "--resume"
-    )
+    _cli_train(tmp_path / "split", corpus, "train.early_stop_patience=2", steps=10)
+    resumed = _cli_train(tmp_path / "split", corpus, "train.early_stop_patience=2", steps=100, resume=True)
     assert resumed.stdout.startswith("done (early_stop): 15 steps")

@@ -7,7 +7,7 @@ import json
 
 import pytest
 import torch
-from conftest import SMALL, assert_one_line_error, run_cli
+from conftest import assert_one_line_error, run_cli, train_cli
 
 from charlm.models.linear import Linear, OneDNNLinearFunction, linear_words, onednn_linears, onednn_problem, use_onednn
 
@@ -88,8 +88,8 @@ def test_train_cpu_linear_chooses_per_device_and_request():
 def test_a_run_says_which_kernels_trained_and_both_learn_alike(tmp_path, corpus):
     losses = {}
     for kernels in ("onednn", "torch"):
-        common = ["train", *SMALL, "--data", corpus, "--max-steps", "20", "--json"]
-        result = run_cli(*common, "--set", f"train.cpu_linear={kernels}", "--out-dir", tmp_path / kernels, check=True)
+        sets = [f"train.cpu_linear={kernels}"]
+        result = run_cli(*train_cli(corpus, tmp_path / kernels, steps=20, json=True, sets=sets), check=True)
         assert ("linear layers: oneDNN" in result.stderr) is (kernels == "onednn"), result.stderr
         summary = json.loads(result.stdout)
         assert summary["linear_kernels"] == kernels
@@ -100,7 +100,7 @@ def test_a_run_says_which_kernels_trained_and_both_learn_alike(tmp_path, corpus)
 
 
 def test_an_unknown_cpu_linear_is_one_line(tmp_path, corpus):
-    result = run_cli("train", *SMALL, "--data", corpus, "--set", "train.cpu_linear=fast", "--out-dir", tmp_path / "r")
+    result = run_cli(*train_cli(corpus, tmp_path / "r", sets=["train.cpu_linear=fast"]))
     assert_one_line_error(result, 2, "train.cpu_linear", "onednn")
 
 
@@ -132,7 +132,7 @@ def test_auto_keeps_torchs_kernels_where_the_vendor_is_intel_or_unknown():
 
 @needs_onednn
 def test_a_bf16_run_reports_torchs_kernels(tmp_path, corpus):
-    args = ["train", *SMALL, "--data", corpus, "--max-steps", "2", "--json", "--set", "train.dtype=bfloat16"]
-    result = run_cli(*args, "--set", "train.cpu_linear=onednn", "--out-dir", tmp_path / "r", check=True)
+    sets = ["train.dtype=bfloat16", "train.cpu_linear=onednn"]
+    result = run_cli(*train_cli(corpus, tmp_path / "r", steps=2, json=True, sets=sets), check=True)
     assert json.loads(result.stdout)["linear_kernels"] == "torch"
     assert "linear layers:" not in result.stderr  # the precision line says bf16 autocast

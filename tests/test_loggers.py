@@ -5,26 +5,24 @@ import json
 import sys
 
 import pytest
-from conftest import SMALL, assert_one_line_error, run_cli
-
-STEPS = ["--max-steps", "40", "--set", "train.log_interval=5"]  # SMALL evaluates every 10 steps
+from conftest import assert_one_line_error, run_cli, train_cli
 
 
-def _train(run, corpus, loggers, *extra, env=None):
-    return run_cli(
-        "train",
-        *SMALL,
-        "--data",
-        corpus,
-        "--out-dir",
-        run,
-        *STEPS,
-        "--set",
-        f"train.loggers={loggers}",
-        *extra,
-        env=env,
-        check=True,
-    )
+def _train(run, corpus, loggers, *sets, env=None):
+    """40 steps logged every 5 (SMALL evaluates every 10) to `loggers`."""
+    sets = ["train.log_interval=5", f"train.loggers={loggers}", *sets]
+    return run_cli(*train_cli(corpus, run, steps=40, sets=sets), env=env, check=True)
+
+
+@pytest.fixture(scope="module")
+def tensorboard_run(tmp_path_factory, corpus):
+    """The one run of the suite that logs to TensorBoard, trained once for all the tests that read it: they are all in
+    this module, whose tests share a worker (--dist loadscope). TensorBoard is turned on by the older switch,
+    train.tensorboard=true, beside a loggers list that does not name it."""
+    pytest.importorskip("tensorboard", reason="the tensorboard extra is not installed")
+    run = tmp_path_factory.mktemp("tensorboard") / "r"
+    _train(run, corpus, "[jsonl,csv]", "train.tensorboard=true")
+    return run
 
 
 def test_jsonl_writes_steps_evaluations_and_the_summary(tmp_path, corpus):
@@ -43,41 +41,29 @@ def test_csv_has_one_row_per_log(tmp_path, corpus):
     kinds = [r["kind"] for r in rows]
     assert kinds.count("step") == 8 and kinds.count("eval") == 4 and kinds[-1] == "summary"
     assert float(rows[-1]["full_val_loss"]) > 0 and all(float(r["lr"]) > 0 for r in rows if r["kind"] != "summary")
-    run_cli("train", "--resume", "--out-dir", tmp_path / "r", "--max-steps", "50", check=True)  # appends, one header
+    run_cli(*train_cli(out=tmp_path / "r", resume=True, steps=50), check=True)  # appends, one header
     again = list(csv.DictReader((tmp_path / "r" / "metrics.csv").open()))
     assert len(again) > len(rows) and sum(r["kind"] == "kind" for r in again) == 0
 
 
-def test_tensorboard_event_files_parse_with_tensorboards_reader(tmp_path, corpus):
-    pytest.importorskip("tensorboard", reason="the tensorboard extra is not installed")
+def test_tensorboard_event_files_parse_with_tensorboards_reader(tensorboard_run):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    _train(tmp_path / "r", corpus, "[jsonl,tensorboard,csv]")
-    events = EventAccumulator(str(tmp_path / "r" / "tensorboard"))
+    events = EventAccumulator(str(tensorboard_run / "tensorboard"))
     events.Reload()
     scalars = events.Tags()["scalars"]
     assert {"val_loss", "train_loss", "train/step_loss", "train/lr", "summary/full_val_loss"} <= set(scalars)
     assert [e.step for e in events.Scalars("val_loss")] == [10, 20, 30, 40]
     assert len(events.Scalars("train/step_loss")) == 8
-    assert (tmp_path / "r" / "metrics.csv").is_file()
+    assert (tensorboard_run / "metrics.csv").is_file()
 
 
-def test_the_older_tensorboard_switch_still_works(tmp_path, corpus):
-    pytest.importorskip("tensorboard", reason="the tensorboard extra is not installed")
-    run_cli(
-        "train",
-        *SMALL,
-        "--data",
-        corpus,
-        "--out-dir",
-        tmp_path / "r",
-        "--max-steps",
-        "20",
-        "--set",
-        "train.tensorboard=true",
-        check=True,
-    )
-    assert any((tmp_path / "r" / "tensorboard").iterdir())
+def test_the_older_tensorboard_switch_still_works(tensorboard_run):
+    import yaml
+
+    train = yaml.safe_load((tensorboard_run / "config.yaml").read_text())["train"]
+    assert train["tensorboard"] and "tensorboard" not in train["loggers"]  # the switch alone turned it on
+    assert any((tensorboard_run / "tensorboard").iterdir())
 
 
 def test_wandb_in_offline_mode(tmp_path, corpus):
@@ -86,7 +72,6 @@ def test_wandb_in_offline_mode(tmp_path, corpus):
         tmp_path / "r",
         corpus,
         "[jsonl,wandb]",
-        "--set",
         "train.wandb_project=charlm-tests",
         env={"WANDB_MODE": "offline", "WANDB_SILENT": "true"},
     )
@@ -94,30 +79,25 @@ def test_wandb_in_offline_mode(tmp_path, corpus):
     assert len(runs) == 1 and list(runs[0].glob("*.wandb"))
 
 
-def test_a_missing_logger_package_is_one_line_before_training(tmp_path, corpus, monkeypatch):
-    for name in ("wandb", "tensorboard"):
-        # Whether or not the package is installed here, make importing it fail as it does where it is not:
-        # None in sys.modules is Python's own "this module cannot be imported".
-        with monkeypatch.context() as m:
-            for module in [k for k in sys.modules if k == name or k.startswith(name + ".")]:
-                m.delitem(sys.modules, module)
-            m.setitem(sys.modules, name, None)
-            result = run_cli(
-                "train",
-                *SMALL,
-                "--data",
-                corpus,
-                "--out-dir",
-                tmp_path / name,
-                "--set",
-                f"train.loggers=[jsonl,{name}]",
-            )
-            assert_one_line_error(result, 2, f'pip install -e ".[{name}]"')
-            assert not (tmp_path / name).exists()
+@pytest.mark.parametrize(
+    "name,setting",
+    [
+        ("wandb", "train.loggers=[jsonl,wandb]"),
+        ("tensorboard", "train.loggers=[jsonl,tensorboard]"),
+        ("tensorboard", "train.tensorboard=true"),  # the older switch
+    ],
+)
+def test_a_missing_logger_package_is_one_line_before_training(tmp_path, corpus, monkeypatch, name, setting):
+    # Whether or not the package is installed here, make importing it fail as it does where it is not:
+    # None in sys.modules is Python's own "this module cannot be imported".
+    for module in [k for k in sys.modules if k == name or k.startswith(name + ".")]:
+        monkeypatch.delitem(sys.modules, module)
+    monkeypatch.setitem(sys.modules, name, None)
+    result = run_cli(*train_cli(corpus, tmp_path / "r", sets=[setting]))
+    assert_one_line_error(result, 2, f'pip install -e ".[{name}]"')
+    assert not (tmp_path / "r").exists()
 
 
 def test_an_unknown_logger_names_the_key(tmp_path, corpus):
-    result = run_cli(
-        "train", *SMALL, "--data", corpus, "--out-dir", tmp_path / "r", "--set", "train.loggers=[jsonl,mlflow]"
-    )
+    result = run_cli(*train_cli(corpus, tmp_path / "r", sets=["train.loggers=[jsonl,mlflow]"]))
     assert_one_line_error(result, 2, "train.loggers", "mlflow")

@@ -3,7 +3,7 @@
 import json
 
 import torch
-from conftest import SMALL, assert_one_line_error, run_cli
+from conftest import assert_one_line_error, run_cli, train_cli
 
 from charlm.config.schema import ModelConfig
 from charlm.families.registry import model_info
@@ -55,19 +55,7 @@ def test_info_counts_total_and_active_parameters():
 
 
 def test_a_mixture_trains_resumes_evaluates_samples_and_reports_its_size(tmp_path, corpus):
-    args = [
-        "train",
-        *SMALL,
-        "--data",
-        corpus,
-        "--out-dir",
-        tmp_path / "r",
-        "--set",
-        "model.n_experts=4",
-        "--set",
-        "model.expert_top_k=2",
-        "--json",
-    ]
+    args = train_cli(corpus, tmp_path / "r", json=True, sets=["model.n_experts=4", "model.expert_top_k=2"])
     first = json.loads(run_cli(*args, "--max-steps", "30", check=True).stdout)
     resumed = json.loads(run_cli(*args, "--max-steps", "60", "--resume", check=True).stdout)
     assert resumed["steps"] == 60 and resumed["full_val_loss"] < first["full_val_loss"] < 4.2
@@ -80,16 +68,5 @@ def test_a_mixture_trains_resumes_evaluates_samples_and_reports_its_size(tmp_pat
 
 
 def test_top_k_above_the_expert_count_is_refused(tmp_path, corpus):
-    result = run_cli(
-        "train",
-        *SMALL,
-        "--data",
-        corpus,
-        "--out-dir",
-        tmp_path / "r",
-        "--set",
-        "model.n_experts=2",
-        "--set",
-        "model.expert_top_k=3",
-    )
+    result = run_cli(*train_cli(corpus, tmp_path / "r", sets=["model.n_experts=2", "model.expert_top_k=3"]))
     assert_one_line_error(result, 2, "model.expert_top_k")

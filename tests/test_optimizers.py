@@ -4,14 +4,14 @@ import json
 
 import pytest
 import torch
-from conftest import SMALL, run_cli
+from conftest import run_cli, train_cli
 
 from charlm.config.schema import load_config
 from charlm.models.decoder import GPT
 from charlm.storage.checkpoint import load_checkpoint
 from charlm.training.optim import make_optimizer
 
-MUON = ["--set", "train.optimizer=muon"]
+MUON = "train.optimizer=muon"
 
 
 def test_muon_chooses_its_parameters_by_role_not_by_name():
@@ -55,15 +55,13 @@ def test_muon_takes_the_block_matrices_and_adamw_the_rest():
 
 
 def test_a_tiny_model_trains_with_muon(tmp_path, corpus):
-    result = run_cli(
-        "train", *SMALL, *MUON, "--data", corpus, "--out-dir", tmp_path / "r", "--max-steps", "60", "--json", check=True
-    )
+    result = run_cli(*train_cli(corpus, tmp_path / "r", steps=60, json=True, sets=[MUON]), check=True)
     losses = [m["val_loss"] for m in _metrics(tmp_path / "r")]
     assert losses[-1] < losses[0] - 0.3 and json.loads(result.stdout)["full_val_loss"] < 3.0
 
 
 def test_muon_resume_is_exact(tmp_path, corpus):
-    common = ["train", *SMALL, *MUON, "--data", corpus, "--set", "train.eval_interval=1", "--quiet"]
+    common = train_cli(corpus, quiet=True, sets=[MUON, "train.eval_interval=1"])
     run_cli(*common, "--out-dir", tmp_path / "straight", "--max-steps", "12", check=True)
     run_cli(*common, "--out-dir", tmp_path / "split", "--max-steps", "6", check=True)
     run_cli(*common, "--out-dir", tmp_path / "split", "--max-steps", "12", "--resume", check=True)
@@ -91,8 +89,8 @@ def test_an_adamw_state_from_before_train_optimizer_still_loads():
 
 
 def test_switching_optimizer_on_resume_is_refused(tmp_path, corpus):
-    run_cli("train", *SMALL, "--data", corpus, "--out-dir", tmp_path / "r", "--max-steps", "5", check=True)
-    result = run_cli("train", "--resume", "--out-dir", tmp_path / "r", *MUON)
+    run_cli(*train_cli(corpus, tmp_path / "r", steps=5), check=True)
+    result = run_cli(*train_cli(out=tmp_path / "r", resume=True, sets=[MUON]))
     assert result.returncode == 2 and "train.optimizer" in result.stderr and "'adamw'" in result.stderr
 
 

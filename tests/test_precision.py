@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import assert_one_line_error, run_cli
+from conftest import assert_one_line_error, run_cli, train_cli
 
 from charlm.hardware.device import autocast_dtype, cpu_bf16_pays, cpu_bf16_units
 
@@ -64,7 +64,7 @@ def test_auto_uses_bf16_on_a_cpu_only_with_bf16_units_and_a_model_that_gains():
 
 
 def test_the_header_and_the_summary_say_which_precision_trained(tmp_path, corpus):
-    common = ["train", "--config", "tiny", "--data", corpus, "--max-steps", "2", "--json"]
+    common = train_cli(corpus, steps=2, json=True, config="tiny")
     wide = ["--set", "model.n_embd=384", "--set", "model.n_head=4", "--set", "model.n_layer=1"]
     narrow = run_cli(*common, "--out-dir", tmp_path / "narrow", check=True)
     assert json.loads(narrow.stdout)["precision"] == "float32"
@@ -79,8 +79,7 @@ def test_the_header_and_the_summary_say_which_precision_trained(tmp_path, corpus
 
 def test_float16_on_a_cpu_is_one_line(tmp_path, corpus):
     result = run_cli(
-        "train", "--config", "tiny", "--data", corpus, "--device", "cpu", "--set", "train.dtype=float16",
-        "--out-dir", tmp_path / "r", "--max-steps", "1",
-    )  # fmt: skip
+        *train_cli(corpus, tmp_path / "r", steps=1, config="tiny", device="cpu", sets=["train.dtype=float16"])
+    )
     assert_one_line_error(result, 2, "float16 is for GPUs")
     assert not (tmp_path / "r").exists()

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import SMALL, assert_one_line_error, run_cli
+from conftest import assert_one_line_error, run_cli, train_cli
 
 from charlm.config.schema import load_config
 from charlm.errors import UsageError, WorkError
@@ -101,10 +101,8 @@ def test_disk_full_during_training_stops_with_a_clear_error_and_keeps_the_last_c
     # the command line says how to go on, in one line and exit 1
     calls.clear()
     monkeypatch.setattr(ckpt_module.torch, "save", save_until_the_disk_fills)
-    sets = [x for item in ["model.n_layer=1", "model.n_embd=32", "model.block_size=16", "train.eval_interval=5"]
-            for x in ("--set", item)]  # fmt: skip
-    result = run_cli("train", "--config", "tiny", *sets, "--data", corpus, "--out-dir", tmp_path / "cli",
-                     "--max-steps", "40", "--quiet")  # fmt: skip
+    sets = ["model.n_layer=1", "model.n_embd=32", "model.block_size=16", "train.eval_interval=5"]
+    result = run_cli(*train_cli(corpus, tmp_path / "cli", steps=40, quiet=True, config="tiny", sets=sets))
     assert_one_line_error(result, 1, "No space left", f"`charlm train --resume --out-dir {tmp_path / 'cli'}`")
 
 
@@ -112,20 +110,10 @@ def test_disk_full_during_training_stops_with_a_clear_error_and_keeps_the_last_c
 
 
 def test_resume_is_exact_per_step_losses_and_final_weights(tmp_path, corpus):
-    common = [
-        "train",
-        *SMALL,
-        "--data",
-        corpus,
-        "--set",
-        "train.eval_interval=1",
-        "--set",
-        "model.dropout=0.2",
-        "--quiet",
-    ]
-    run_cli(*common, "--out-dir", tmp_path / "straight", "--max-steps", "16", check=True)
-    run_cli(*common, "--out-dir", tmp_path / "split", "--max-steps", "8", check=True)
-    run_cli("train", "--resume", "--out-dir", tmp_path / "split", "--max-steps", "16", "--quiet", check=True)
+    sets = ["train.eval_interval=1", "model.dropout=0.2"]
+    run_cli(*train_cli(corpus, tmp_path / "straight", steps=16, quiet=True, sets=sets), check=True)
+    run_cli(*train_cli(corpus, tmp_path / "split", steps=8, quiet=True, sets=sets), check=True)
+    run_cli(*train_cli(out=tmp_path / "split", resume=True, steps=16, quiet=True), check=True)
     straight, split = _metrics(tmp_path / "straight"), _metrics(tmp_path / "split")
     assert [m["step"] for m in split] == list(range(1, 17))
     assert [m["step_loss"] for m in straight] == [m["step_loss"] for m in split]
@@ -168,25 +156,8 @@ def test_a_nan_loss_stops_before_the_step_and_keeps_the_last_checkpoints(tmp_pat
 
 def test_a_diverging_run_exits_1_naming_the_step_and_never_saves_non_finite_weights(tmp_path, corpus):
     run = tmp_path / "run"
-    diverged = run_cli(
-        "train",
-        *SMALL,
-        "--data",
-        corpus,
-        "--out-dir",
-        run,
-        "--max-steps",
-        "40",
-        "--quiet",
-        "--set",
-        "train.lr=1e38",
-        "--set",
-        "train.grad_clip=0",
-        "--set",
-        "train.warmup_steps=0",
-        "--set",
-        "train.eval_interval=1",
-    )
+    sets = ["train.lr=1e38", "train.grad_clip=0", "train.warmup_steps=0", "train.eval_interval=1"]
+    diverged = run_cli(*train_cli(corpus, run, steps=40, quiet=True, sets=sets))
     assert_one_line_error(diverged, 1, "loss became", "at step")
     if (run / "last.pt").exists():
         saved = load_checkpoint(run / "last.pt")
@@ -218,13 +189,13 @@ class RunsCode:
 def test_a_checkpoint_that_would_run_code_is_refused_everywhere(tmp_path, corpus):
     marker = tmp_path / "pwned"
     run = tmp_path / "run"
-    run_cli("train", *SMALL, "--data", corpus, "--out-dir", run, "--max-steps", "5", check=True)
+    run_cli(*train_cli(corpus, run, steps=5), check=True)
     state = torch.load(run / "last.pt", weights_only=True)
     state["payload"] = RunsCode(marker)
     torch.save(state, run / "last.pt")
     torch.save(state, tmp_path / "evil.pt")
     for args in (
-        ["train", "--resume", "--out-dir", run],
+        train_cli(out=run, resume=True),
         ["eval", tmp_path / "evil.pt"],
         ["sample", tmp_path / "evil.pt"],
         ["info", tmp_path / "evil.pt"],
@@ -291,7 +262,7 @@ def test_bad_data_files_are_refused_before_any_work(tmp_path, case, needle):
         data.write_bytes(b"plain text then caf\xe9\n" * 100)
     elif case == "directory":
         data.mkdir()
-    result = run_cli("train", "--config", "tiny", "--data", data, "--out-dir", tmp_path / "run")
+    result = run_cli(*train_cli(data, tmp_path / "run", config="tiny"))
     assert_one_line_error(result, 2, needle)
     assert not (tmp_path / "run" / "last.pt").exists()
 
@@ -309,8 +280,7 @@ def test_bad_data_files_are_refused_before_any_work(tmp_path, case, needle):
     ],
 )
 def test_bad_config_values_are_refused_before_any_work(tmp_path, corpus, sets, needle):
-    args = [x for s in sets for x in ("--set", s)]
-    result = run_cli("train", "--config", "tiny", "--data", corpus, "--out-dir", tmp_path / "run", *args)
+    result = run_cli(*train_cli(corpus, tmp_path / "run", config="tiny", sets=sets))
     assert_one_line_error(result, 2, needle)
     assert not (tmp_path / "run").exists()
 
@@ -318,17 +288,15 @@ def test_bad_config_values_are_refused_before_any_work(tmp_path, corpus, sets, n
 def test_a_broken_yaml_file_is_one_line(tmp_path, corpus):
     bad = tmp_path / "bad.yaml"
     bad.write_text("model:\n  n_layer: 2\n   n_head: 4\n")
-    assert_one_line_error(run_cli("train", "--config", bad, "--data", corpus), 2, "not valid YAML", "line")
+    assert_one_line_error(run_cli(*train_cli(corpus, config=bad)), 2, "not valid YAML", "line")
 
 
 def test_an_out_dir_that_is_a_file_or_unwritable_is_refused(tmp_path, corpus):
     afile = tmp_path / "afile"
     afile.write_text("my notes")
-    assert_one_line_error(run_cli("train", "--config", "tiny", "--data", corpus, "--out-dir", afile), 2, "is a file")
+    assert_one_line_error(run_cli(*train_cli(corpus, afile, config="tiny")), 2, "is a file")
     inside = afile / "run"  # a folder below a file can never be created
-    assert_one_line_error(
-        run_cli("train", "--config", "tiny", "--data", corpus, "--out-dir", inside), 2, "cannot write"
-    )
+    assert_one_line_error(run_cli(*train_cli(corpus, inside, config="tiny")), 2, "cannot write")
     assert afile.read_text() == "my notes"
 
 

@@ -7,6 +7,7 @@ import pty
 import select
 import sys
 import time
+from collections.abc import Callable
 
 import pytest
 from conftest import REPO, run_cli
@@ -62,22 +63,32 @@ class Terminal:
         self.seen = ""
 
     def read_until(self, needle: str, timeout: float = 60) -> str:
+        self._read_while(lambda: needle not in self.seen, repr(needle), timeout)
+        found = self.seen[: self.seen.index(needle) + len(needle)]
+        self.seen = self.seen[len(found) :]
+        return found
+
+    def read_chars(self, count: int, timeout: float = 60) -> str:
+        """The next `count` characters shown (e.g. the first ones of a continuation being streamed)."""
+        self._read_while(lambda: len(self.seen) < count, f"{count} characters", timeout)
+        found, self.seen = self.seen[:count], self.seen[count:]
+        return found
+
+    def _read_while(self, waiting: Callable[[], bool], what: str, timeout: float) -> None:
+        """Read what the terminal shows until `waiting()` is false; `timeout` only guards against a hung REPL."""
         deadline = time.monotonic() + timeout
-        while needle not in self.seen:
+        while waiting():
             left = deadline - time.monotonic()
             if left <= 0:
-                raise AssertionError(f"no {needle!r} within {timeout} s; the terminal showed:\n{self.seen[-2000:]}")
+                raise AssertionError(f"no {what} within {timeout} s; the terminal showed:\n{self.seen[-2000:]}")
             if select.select([self.fd], [], [], left)[0]:
                 try:
                     chunk = os.read(self.fd, 4096)
                 except OSError:  # the child closed the terminal
                     chunk = b""
                 if not chunk:
-                    raise AssertionError(f"the REPL ended before {needle!r}:\n{self.seen[-2000:]}")
+                    raise AssertionError(f"the REPL ended before {what}:\n{self.seen[-2000:]}")
                 self.seen += chunk.decode("utf-8", "replace")
-        found = self.seen[: self.seen.index(needle) + len(needle)]
-        self.seen = self.seen[len(found) :]
-        return found
 
     def type(self, text: str) -> None:
         os.write(self.fd, text.encode())
@@ -113,9 +124,9 @@ def test_terminal_prompt_temperature_ctrl_c_ctrl_d(tiny_checkpoint):
         term.type("ROMEO:\r")
         term.read_until("ROMEO:")
         term.read_until("ROMEO:")  # the echo of the line, then the prompt as the model sees it
-        time.sleep(1.0)  # mid-continuation: ten million characters would take hours
+        term.read_chars(20)  # the continuation is streaming: ten million characters would take hours
         term.type("\x03")
-        term.read_until("[stopped]", timeout=20)
+        term.read_until("[stopped]")
         term.read_until("> ")
         term.type("/seed 3\r")  # still alive after Ctrl-C
         term.read_until("seed 3")

@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 import torch
-from conftest import FULL_CORPUS_BYTES, SMALL, assert_one_line_error, run_cli
+from conftest import FULL_CORPUS_BYTES, assert_one_line_error, run_cli, train_cli
 
 from charlm.config.schema import Config, ModelConfig
 from charlm.data.tokenizer import CharTokenizer
@@ -18,16 +18,13 @@ def _metrics(run_dir):
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-def _train(run_dir, corpus, *extra, steps=30):
-    return run_cli(
-        "train", *SMALL, "--data", corpus, "--out-dir", run_dir, "--max-steps", steps, "--json", *extra, check=True
-    )
+def _train(run_dir, corpus, steps=30, **options):
+    """A SMALL run with its JSON summary; options as train_cli's (sets=[...], seed=7)."""
+    return run_cli(*train_cli(corpus, run_dir, steps=steps, json=True, **options), check=True)
 
 
 def test_tiny_config_leaves_a_complete_run_folder(tmp_path, corpus):
-    result = run_cli(
-        "train", "--config", "tiny", "--data", corpus, "--out-dir", tmp_path / "tiny", "--json", check=True
-    )
+    result = run_cli(*train_cli(corpus, tmp_path / "tiny", config="tiny", json=True), check=True)
     for name in ("best.pt", "last.pt", "config.yaml", "metrics.jsonl"):
         assert (tmp_path / "tiny" / name).is_file(), name
     summary = json.loads(result.stdout)
@@ -41,7 +38,8 @@ def test_eval_json_reports_loss_bpc_perplexity_chars(tmp_path, corpus):
     _train(tmp_path / "r", corpus)
     result = run_cli("eval", tmp_path / "r" / "best.pt", "--data", corpus, "--json", check=True)
     figures = json.loads(result.stdout)
-    assert set(figures) == {"loss", "bpc", "perplexity", "chars", "split", "file", "stride", "unit"}
+    assert set(figures) == {"loss", "bpc", "perplexity", "chars", "split", "file", "stride", "unit", "runtime"}
+    assert figures["runtime"] == "torch"
     assert figures["split"] == "val" and figures["file"] == str(corpus)
     assert math.isclose(figures["bpc"], figures["loss"] / math.log(2))
     assert math.isclose(figures["perplexity"], math.exp(figures["loss"]))
@@ -73,7 +71,7 @@ def test_eval_refuses_unknown_characters_unless_asked(tmp_path, corpus):
 def test_same_seed_gives_the_same_losses_and_weights(tmp_path, corpus):
     _train(tmp_path / "a", corpus)
     _train(tmp_path / "b", corpus)
-    _train(tmp_path / "c", corpus, "--seed", "7")
+    _train(tmp_path / "c", corpus, seed=7)
     losses = [[(m["train_loss"], m["val_loss"]) for m in _metrics(tmp_path / d)] for d in "abc"]
     assert losses[0] == losses[1] and losses[0] != losses[2]
     a, b = (load_checkpoint(tmp_path / d / "last.pt").state["model"] for d in "ab")
@@ -82,7 +80,7 @@ def test_same_seed_gives_the_same_losses_and_weights(tmp_path, corpus):
 
 def test_resume_continues_the_step_count(tmp_path, corpus):
     _train(tmp_path / "r", corpus, steps=20)
-    result = run_cli("train", "--resume", "--out-dir", tmp_path / "r", "--max-steps", "40", "--json", check=True)
+    result = run_cli(*train_cli(out=tmp_path / "r", resume=True, steps=40, json=True), check=True)
     assert json.loads(result.stdout)["steps"] == 40
     assert [m["step"] for m in _metrics(tmp_path / "r")] == [10, 20, 30, 40]
     assert load_checkpoint(tmp_path / "r" / "last.pt").step == 40
@@ -90,19 +88,17 @@ def test_resume_continues_the_step_count(tmp_path, corpus):
 
 def test_resume_refuses_to_change_the_model_shape(tmp_path, corpus):
     _train(tmp_path / "r", corpus, steps=10)
-    result = run_cli("train", "--resume", "--out-dir", tmp_path / "r", "--set", "model.n_layer=3")
+    result = run_cli(*train_cli(out=tmp_path / "r", resume=True, sets=["model.n_layer=3"]))
     assert_one_line_error(result, 2, "model.n_layer", "resum")
 
 
 def test_an_existing_run_is_not_overwritten_by_accident(tmp_path, corpus):
     _train(tmp_path / "r", corpus, steps=10)
     before = (tmp_path / "r" / "best.pt").read_bytes()
-    result = run_cli("train", *SMALL, "--data", corpus, "--out-dir", tmp_path / "r", "--max-steps", "10")
+    result = run_cli(*train_cli(corpus, tmp_path / "r", steps=10))
     assert_one_line_error(result, 2, "--resume", "--overwrite")
     assert (tmp_path / "r" / "best.pt").read_bytes() == before
-    run_cli(
-        "train", *SMALL, "--data", corpus, "--out-dir", tmp_path / "r", "--max-steps", "10", "--overwrite", check=True
-    )
+    run_cli(*train_cli(corpus, tmp_path / "r", steps=10, overwrite=True), check=True)
 
 
 def test_checkpoint_round_trip_reproduces_logits_exactly(tmp_path):
@@ -123,14 +119,12 @@ def test_checkpoint_round_trip_reproduces_logits_exactly(tmp_path):
 
 
 def test_missing_data_file_is_a_clear_error(tmp_path):
-    result = run_cli("train", "--config", "tiny", "--data", tmp_path / "nope.txt", "--out-dir", tmp_path / "r")
+    result = run_cli(*train_cli(tmp_path / "nope.txt", tmp_path / "r", config="tiny"))
     assert_one_line_error(result, 2, "nope.txt", "charlm download")
 
 
 def test_train_fetches_the_default_corpus_when_missing(tmp_path, full_corpus):
-    result = run_cli(
-        "train", *SMALL, "--max-steps", "10", "--json", cwd=tmp_path, env={"CHARLM_DATA_URL": full_corpus.as_uri()}
-    )
+    result = run_cli(*train_cli(steps=10, json=True), cwd=tmp_path, env={"CHARLM_DATA_URL": full_corpus.as_uri()})
     assert result.returncode == 0, result.stderr
     assert "downloading tiny-shakespeare" in result.stderr
     assert (tmp_path / "data" / "tinyshakespeare.txt").stat().st_size == FULL_CORPUS_BYTES
@@ -139,15 +133,7 @@ def test_train_fetches_the_default_corpus_when_missing(tmp_path, full_corpus):
 
 def test_cosine_schedule_decays_to_min_lr_over_max_steps(tmp_path, corpus):
     _train(
-        tmp_path / "r",
-        corpus,
-        "--set",
-        "train.lr_schedule=cosine",
-        "--set",
-        "train.warmup_steps=5",
-        "--set",
-        "train.min_lr=1e-4",
-        steps=40,
+        tmp_path / "r", corpus, steps=40, sets=["train.lr_schedule=cosine", "train.warmup_steps=5", "train.min_lr=1e-4"]
     )
     lrs = [m["lr"] for m in _metrics(tmp_path / "r")]
     assert lrs == sorted(lrs, reverse=True) and len(set(lrs)) == 4
@@ -156,15 +142,7 @@ def test_cosine_schedule_decays_to_min_lr_over_max_steps(tmp_path, corpus):
 
 def test_linear_schedule_follows_a_straight_line(tmp_path, corpus):
     _train(
-        tmp_path / "r",
-        corpus,
-        "--set",
-        "train.lr_schedule=linear",
-        "--set",
-        "train.min_lr=0",
-        "--set",
-        "train.warmup_steps=0",
-        steps=40,
+        tmp_path / "r", corpus, steps=40, sets=["train.lr_schedule=linear", "train.min_lr=0", "train.warmup_steps=0"]
     )
     lrs = [m["lr"] for m in _metrics(tmp_path / "r")]
     peak = 3e-3  # configs/tiny.yaml
@@ -173,18 +151,18 @@ def test_linear_schedule_follows_a_straight_line(tmp_path, corpus):
 
 def test_bf16_autocast_path_trains_on_cpu(tmp_path, corpus):
     """The mixed-precision path that CUDA takes by default, exercised here on the CPU."""
-    result = _train(tmp_path / "r", corpus, "--set", "train.dtype=bfloat16", steps=20)
+    result = _train(tmp_path / "r", corpus, steps=20, sets=["train.dtype=bfloat16"])
     assert json.loads(result.stdout)["full_val_loss"] < 4.0
 
 
 def test_float16_on_cpu_is_refused_with_a_hint(tmp_path, corpus):
-    result = run_cli("train", *SMALL, "--data", corpus, "--out-dir", tmp_path / "r", "--set", "train.dtype=float16")
+    result = run_cli(*train_cli(corpus, tmp_path / "r", sets=["train.dtype=float16"]))
     assert_one_line_error(result, 2, "float16", "bfloat16")
 
 
 @pytest.mark.slow
 def test_compile_true_trains_and_reports_compile_time(tmp_path, corpus):
-    summary = json.loads(_train(tmp_path / "r", corpus, "--set", "train.compile=true", steps=20).stdout)
+    summary = json.loads(_train(tmp_path / "r", corpus, steps=20, sets=["train.compile=true"]).stdout)
     assert summary["steps"] == 20 and summary["compile_s"] > 0
     state = load_checkpoint(tmp_path / "r" / "last.pt").state["model"]
     assert not any(k.startswith("_orig_mod.") for k in state)  # the unwrapped model is saved
@@ -193,5 +171,5 @@ def test_compile_true_trains_and_reports_compile_time(tmp_path, corpus):
 def test_cuda_device_without_a_gpu_is_a_clear_error(tmp_path, corpus):
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
-    result = run_cli("train", *SMALL, "--data", corpus, "--out-dir", tmp_path / "r", "--device", "cuda")
+    result = run_cli(*train_cli(corpus, tmp_path / "r", device="cuda"))
     assert_one_line_error(result, 2, "cuda", "--device cpu")

@@ -13,7 +13,7 @@ import sys
 import termios
 
 import pytest
-from conftest import REPO, SMALL, assert_one_line_error, run_cli
+from conftest import REPO, assert_one_line_error, run_cli, train_cli
 
 
 def run_in_tty(*args: str, env: dict | None = None, timeout: float = 120) -> str:
@@ -45,7 +45,7 @@ def run_in_tty(*args: str, env: dict | None = None, timeout: float = 120) -> str
 
 
 def test_piped_output_has_no_ansi_codes_or_progress_bar(tmp_path, corpus):
-    result = run_cli("train", *SMALL, "--data", corpus, "--out-dir", tmp_path / "r", "--max-steps", "20", check=True)
+    result = run_cli(*train_cli(corpus, tmp_path / "r", steps=20), check=True)
     for text in (result.stdout, result.stderr):
         assert "\x1b[" not in text and "\r" not in text
     assert "done (max_steps)" in result.stdout
@@ -53,11 +53,9 @@ def test_piped_output_has_no_ansi_codes_or_progress_bar(tmp_path, corpus):
 
 @pytest.mark.process
 def test_a_terminal_gets_colour_and_no_color_turns_it_off(tmp_path, corpus):
-    coloured = run_in_tty("train", *SMALL, "--data", corpus, "--out-dir", tmp_path / "a", "--max-steps", "20")
+    coloured = run_in_tty(*train_cli(corpus, tmp_path / "a", steps=20))
     assert "\x1b[" in coloured and "done" in coloured
-    plain = run_in_tty(
-        "train", *SMALL, "--data", corpus, "--out-dir", tmp_path / "b", "--max-steps", "20", env={"NO_COLOR": "1"}
-    )
+    plain = run_in_tty(*train_cli(corpus, tmp_path / "b", steps=20), env={"NO_COLOR": "1"})
     assert "\x1b[" not in plain and "done" in plain
     evaluated = run_in_tty("eval", tmp_path / "b" / "best.pt", env={"NO_COLOR": "1"})
     assert "\x1b[" not in evaluated and "nats/char" in evaluated
@@ -65,9 +63,7 @@ def test_a_terminal_gets_colour_and_no_color_turns_it_off(tmp_path, corpus):
 
 @pytest.mark.process
 def test_a_time_budgeted_run_shows_seconds_and_the_time_left_on_a_terminal(tmp_path, corpus):
-    screen = run_in_tty(
-        "train", *SMALL, "--data", corpus, "--out-dir", tmp_path / "r", "--max-steps", "0", "--max-seconds", "3"
-    )
+    screen = run_in_tty(*train_cli(corpus, tmp_path / "r", steps=0, max_seconds=3))
     bars = [part for part in re.split(r"[\r\n]", screen) if "/3 s [" in part]
     assert bars, screen
     assert re.search(r"\d+%\|.*\| \d/3 s \[00:0\d<00:0\d, step [\d,]+ loss \d\.\d{4}", bars[-1]), bars[-1]
@@ -75,33 +71,19 @@ def test_a_time_budgeted_run_shows_seconds_and_the_time_left_on_a_terminal(tmp_p
 
 @pytest.mark.process
 def test_a_step_limited_run_counts_steps(tmp_path, corpus):
-    screen = run_in_tty("train", *SMALL, "--data", corpus, "--out-dir", tmp_path / "r", "--max-steps", "300")
+    screen = run_in_tty(*train_cli(corpus, tmp_path / "r", steps=300))
     assert re.search(r"\d+/300 \[", screen), screen
 
 
 def test_quiet_prints_only_the_summary(tmp_path, corpus):
-    result = run_cli(
-        "train", *SMALL, "--data", corpus, "--out-dir", tmp_path / "r", "--max-steps", "20", "--quiet", check=True
-    )
+    result = run_cli(*train_cli(corpus, tmp_path / "r", steps=20, quiet=True), check=True)
     assert result.stderr == "" and result.stdout.startswith("done")
 
 
 def test_plot_writes_a_real_png(tmp_path, corpus):
     pytest.importorskip("matplotlib")
     for name in ("a", "b"):
-        run_cli(
-            "train",
-            *SMALL,
-            "--data",
-            corpus,
-            "--out-dir",
-            tmp_path / name,
-            "--max-steps",
-            "30",
-            "--seed",
-            str(ord(name)),
-            check=True,
-        )
+        run_cli(*train_cli(corpus, tmp_path / name, steps=30, seed=ord(name)), check=True)
     out = tmp_path / "loss.png"
     run_cli("plot", tmp_path / "a", tmp_path / "b", "-o", out, check=True)
     data = out.read_bytes()
@@ -132,34 +114,8 @@ def test_config_keys_lists_every_key_with_type_default_and_meaning():
     assert "train.lr = 0.001  (a number)" in out
 
 
-def test_tensorboard_without_the_package_says_how_to_install_it(tmp_path, corpus):
-    try:
-        import torch.utils.tensorboard  # noqa: F401
-    except ImportError:
-        result = run_cli(
-            "train", *SMALL, "--data", corpus, "--out-dir", tmp_path / "r", "--set", "train.tensorboard=true"
-        )
-        assert_one_line_error(result, 2, 'pip install -e ".[tensorboard]"')
-        assert not (tmp_path / "r").exists()
-    else:
-        run_cli(
-            "train",
-            *SMALL,
-            "--data",
-            corpus,
-            "--out-dir",
-            tmp_path / "r",
-            "--max-steps",
-            "20",
-            "--set",
-            "train.tensorboard=true",
-            check=True,
-        )
-        assert any((tmp_path / "r" / "tensorboard").iterdir())
-
-
 def test_json_summary_of_eval_and_info_are_single_lines(tmp_path, corpus):
-    run_cli("train", *SMALL, "--data", corpus, "--out-dir", tmp_path / "r", "--max-steps", "10", check=True)
+    run_cli(*train_cli(corpus, tmp_path / "r", steps=10), check=True)
     for args in (["eval", tmp_path / "r" / "best.pt", "--json"], ["info", tmp_path / "r" / "best.pt", "--json"]):
         out = run_cli(*args, check=True).stdout
         assert len(out.splitlines()) == 1 and isinstance(json.loads(out), dict)

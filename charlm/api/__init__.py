@@ -4,3 +4,5 @@ the command line.
 
 May import charlm.training and everything below it; the server and the CLI are built on it.
 """
+
+from charlm.api import onnx_model  # noqa: F401  (registers ONNX export folders with charlm.load and export)

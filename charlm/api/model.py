@@ -16,16 +16,18 @@ import torch
 from charlm.config import schema as cfg
 from charlm.config.schema import Config
 from charlm.data.tokenizer import Tokenizer, UnknownPolicy
-from charlm.decoding.generate import SampleResult, encode_prompt, sample
+from charlm.decoding.generate import SampleResult
 from charlm.decoding.options import DecodeOptions, field_name
 from charlm.decoding.transduce import TransductionResult
 from charlm.errors import UsageError
+from charlm.evaluation.items import ItemsResult
 from charlm.evaluation.loss import EvalResult
 from charlm.evaluation.masked import MaskedResult
 from charlm.families import decoder as text
 from charlm.families import encoder as masked
 from charlm.families import encoder_decoder as pairs
-from charlm.families.registry import AnyModel, family
+from charlm.families import lines
+from charlm.families.registry import AnyModel, family_for
 from charlm.hardware.device import pick_device
 from charlm.models.decoder import GPT
 from charlm.models.encoder import EncoderOnly
@@ -34,7 +36,7 @@ from charlm.models.info import ModelInfo
 from charlm.models.linear import onednn_linears, onednn_problem, use_onednn
 from charlm.models.quantize import for_decoding
 from charlm.storage.checkpoint import Checkpoint
-from charlm.storage.loading import load_model_file
+from charlm.storage.loading import load_model_file, model_path
 
 
 class Model:
@@ -42,9 +44,11 @@ class Model:
     `evaluate`, `info`; `module` is the plain torch.nn.Module, `family` what its architecture can do (charlm.families).
     A method of another family is refused in one line that says what this model does instead."""
 
+    runtime = "torch"  # what computes the logits: torch, or onnxruntime for an ONNX export (OnnxModel)
+
     def __init__(self, module: AnyModel, tokenizer: Tokenizer, config: Config, path: Path):
         self.module, self.tokenizer, self.config, self.path = module, tokenizer, config, path
-        self.family = family(config.model.arch)
+        self.family = family_for(config)
 
     @property
     def decoder(self) -> GPT:
@@ -87,14 +91,26 @@ class Model:
     def encode_prompt(
         self, prompt: str, unknown: UnknownPolicy = "error", replace_with: str | None = None
     ) -> list[int]:
-        """The prompt's ids; characters outside the vocabulary are an error unless `unknown` says skip or replace."""
-        return encode_prompt(self.tokenizer, prompt, unknown, replace_with)
+        """The prompt's ids; characters outside the vocabulary are an error unless `unknown` says skip or replace (a
+        lines model: an item's beginning, which may be empty)."""
+        return self.family.encode_prompt(self, prompt, unknown, replace_with)
 
     def sample(
         self, prompt_ids: list[int], options: DecodeOptions, on_text: Callable[[str], None] | None = None
     ) -> SampleResult:
-        """Every sample of one batch, with timing (what `charlm sample` prints); on_text streams sample 0."""
-        return sample(self.decoder, self.tokenizer, prompt_ids, options, on_text=on_text)
+        """Every sample of one batch, with timing (what `charlm sample` prints); on_text streams sample 0. A lines
+        model's samples are whole items, each ended by the end symbol (not shown)."""
+        return self.family.sample(self, prompt_ids, options, on_text)
+
+    def sample_items(self, prompt: str = "", options: DecodeOptions | None = None, novel: bool = False) -> dict:
+        """A lines model's items (`charlm sample`): {"items": [{"text", "logprob", "per_char", "ended"}], "sampled",
+        "chars_per_s"}; `novel` keeps the items that are not in the training split and adds "new" and "new_share"."""
+        return lines.draw_items(self, prompt, options or DecodeOptions.from_config(self.config.sample), novel)
+
+    def score_items(self, text: str, where: str = "the text", **options: Any) -> ItemsResult:
+        """A lines model (`charlm score`): each non-empty line of `text` as one item, its log-likelihood and nats per
+        character in `.scores`, in the text's order; options: unknown, replace_with, batch_size."""
+        return lines.score_lines(self, text, where, **options)
 
     def generate(
         self,
@@ -212,19 +228,50 @@ class Model:
         return self.family.info(self.config.model, self.tokenizer.vocab_size)
 
 
+# Folders that are not torch models, each read by the module that registers its loader here (charlm/api/onnx_model.py,
+# imported with the package): a loader returns a Model, or None for a folder that is not its kind.
+FOLDER_KINDS: list[Callable[[Path, str, str], Model | None]] = []
+# Export formats beside safetensors, registered the same way: (checkpoint, out_dir, web, runtime, overwrite) -> files.
+EXPORT_FORMATS: dict[str, Callable[..., list[Path]]] = {}
+
+
 def load(path: str | Path, device: str = "auto", precision: str = "float32") -> Model:
-    """A checkpoint file (or a run folder: its best.pt) as a Model on `device` (auto: cuda, then mps, then cpu).
+    """A checkpoint file (or a run folder: its best.pt) as a Model on `device` (auto: cuda, then mps, then cpu); an
+    ONNX export folder as a model run by onnxruntime (charlm.api.onnx_model).
 
     precision="int8" stores the blocks' weight matrices as int8 for decoding on the CPU (about 3x faster batch-1
     sampling of a 6 x 384 model whose float32 weights outgrow the cache); the output head, and layers whose input
     width is not a multiple of 16, stay float32; the text can differ from float32's (charlm.models.quantize)."""
+    folder = model_path(path)
+    for kind in FOLDER_KINDS:
+        if (model := kind(folder, device, precision)) is not None:
+            return model
     return Model.from_checkpoint(load_model_file(path), device, precision)
 
 
-def export(checkpoint: str | Path, out_dir: str | Path) -> list[Path]:
-    """Write model.safetensors, config.json, vocab.json and a README.md model card to out_dir (storage.export)."""
+def export(
+    checkpoint: str | Path,
+    out_dir: str | Path,
+    format: str = "safetensors",
+    web: bool = False,
+    runtime: str | Path | None = None,
+    overwrite: bool = False,
+) -> list[Path]:
+    """Write an export to out_dir: safetensors (model.safetensors), or ONNX (its graphs, checked against the torch
+    model: charlm.api.onnx_model.export_onnx), with config.json, vocab.json and a README.md model card; `web` adds a
+    page that generates in the browser (docs/export.md). A folder that is not empty is refused unless `overwrite`."""
+    if web and format == "safetensors":
+        format = "onnx"  # the page runs the ONNX graphs
+    if format in EXPORT_FORMATS:
+        return EXPORT_FORMATS[format](checkpoint, out_dir, web, runtime, overwrite)
+    if format != "safetensors":
+        raise UsageError(f"--format must be one of safetensors, {', '.join(EXPORT_FORMATS)}; got {format!r}")
+    if runtime is not None:
+        raise UsageError("--runtime bundles onnxruntime-web with a web page: add --web")
     from charlm.storage.export import FILES, write_export
+    from charlm.storage.onnx_export import check_target
 
+    check_target(Path(out_dir), overwrite)
     ckpt = load_model_file(checkpoint)
     model = Model.from_checkpoint(ckpt, "cpu")
     return write_export(ckpt, Path(out_dir), model.family.card(model, ckpt.step, Path(out_dir), FILES))
@@ -241,11 +288,13 @@ def train(
     quiet: bool = False,
     init_from: str | Path | None = None,
     extend_vocab: bool = False,
+    budget: str | None = None,
 ) -> dict[str, Any]:
     """Train like `charlm train` and return its summary (the fields of `train --json`).
 
     `init_from` fine-tunes: the run starts from that checkpoint's, run folder's or export's weights, shape and
-    vocabulary (`extend_vocab` adds the new text's unseen characters instead of refusing them).
+    vocabulary (`extend_vocab` adds the new text's unseen characters instead of refusing them). `budget` ("10m",
+    "1h") is `charlm train --budget`: the model and learning rates for that time and the corpus, overrides kept.
 
     `overrides` maps dotted keys to values ({"train.max_steps": 200}). Ctrl-C (KeyboardInterrupt) stops the run
     after saving last.pt and propagates; no signal handler is installed and the process is never exited.
@@ -256,7 +305,7 @@ def train(
     options["data.path"] = ("data", None if data is None else str(data))
     request = resolve_run(
         str(config), [], options, out_dir, resume=resume, overwrite=overwrite, init_from=init_from,
-        extend_vocab=extend_vocab,
+        extend_vocab=extend_vocab, budget=budget,
     )  # fmt: skip
     summary = request.run(quiet=quiet)
     return summary.to_dict() if summary is not None else {}

@@ -8,8 +8,10 @@ from typing import Annotated, Optional
 import typer
 
 from charlm.cli import inspect_commands as cli_inspect
+from charlm.cli import items_commands as cli_items
 from charlm.cli import sample_commands as cli_sample
 from charlm.cli import serve_command as cli_serve
+from charlm.cli import sweep_command as cli_sweep
 from charlm.cli.support import (
     CHECKPOINT_HELP,
     DEVICE_HELP,
@@ -148,6 +150,14 @@ def train(
         Optional[float], typer.Option(help="Training time budget in seconds (train.max_seconds).")
     ] = None,
     seed: Annotated[Optional[int], typer.Option(help="Random seed (train.seed).")] = None,
+    budget: Annotated[
+        Optional[str],
+        typer.Option(
+            help="Wall time for the whole run: 300s, 10m, 1h. Picks the model, dropout and learning rates for it "
+            "and the corpus's size (docs/training.md); the keys you set are kept. Sets train.max_seconds.",
+            show_default=False,
+        ),
+    ] = None,
     resume: Annotated[
         bool,
         typer.Option(
@@ -197,7 +207,7 @@ def train(
     }
     request = resolve_run(
         config, set_ or [], options, out_dir, resume=resume, overwrite=overwrite, init_from=init_from,
-        extend_vocab=extend_vocab,
+        extend_vocab=extend_vocab, budget=budget,
     )  # fmt: skip
     with StopSignals(before_exit=remover_if_created(request.out_dir)) as stop:
         try:
@@ -256,13 +266,19 @@ def eval_(
     beam: Annotated[int, typer.Option(min=1, max=64, help="Encoder-decoder: decode with a beam of N.")] = 1,
     json_out: Annotated[
         bool,
-        typer.Option("--json", help="Print one JSON object: loss, bpc, perplexity, chars, split, file, stride, unit."),
+        typer.Option(
+            "--json",
+            help="Print one JSON object: loss, bpc, perplexity, chars, split, file, stride, unit, runtime (torch, or "
+            "onnxruntime for an ONNX export).",
+        ),
     ] = False,
 ) -> None:
     """Score a checkpoint in one deterministic pass: nats and bits per character (per byte), perplexity.
 
     An encoder-decoder is scored on its pairs: target loss, exact match (word accuracy), character error rate and,
-    for space-separated targets, token error rate (phoneme error rate for G2P), decoding greedily or with --beam.
+    for space-separated targets, token error rate (phoneme error rate for G2P), decoding greedily or with --beam. A
+    lines model (data.format lines) is scored item by item: nats per character with each item's end symbol counted as
+    one, and the mean log-likelihood of an item (items and mean_logprob in --json); `charlm score` gives each line's.
     """
     needs_torch()
     from charlm.api.model import load
@@ -273,7 +289,7 @@ def eval_(
     options = {"beam": beam, "stride": stride, "batch_size": batch_size, "unknown": unknown.value}
     result = model.score(data, split.value if split else None, **options, replace_with=replace_with)
     if json_out:
-        print_json(result.to_dict())
+        print_json(result.to_dict() | {"runtime": model.runtime})
     else:
         print_score(result)
 
@@ -282,6 +298,7 @@ def eval_(
 
 app.command("sample")(cli_sample.sample_)
 app.command()(cli_sample.fill)
+app.command()(cli_items.score)
 # Commands that look at a model or at settings live in cli_inspect.py; registered here, after the main four, so that
 # `charlm --help` lists them in this order.
 app.command()(cli_inspect.info)
@@ -290,6 +307,7 @@ app.command("export")(cli_inspect.export_)
 app.command()(cli_inspect.plot)
 app.command("config")(cli_inspect.config_)
 app.command()(cli_serve.serve)
+app.command()(cli_sweep.sweep)
 
 
 # ---------------------------------------------------------------------------- entry point

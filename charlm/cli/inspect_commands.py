@@ -171,6 +171,13 @@ def _transduction_attention(model, source: str, output: Path, layer, head, part:
 # ---------------------------------------------------------------------------- export
 
 
+class ExportFormat(str, Enum):
+    """What `charlm export` writes."""
+
+    safetensors = "safetensors"
+    onnx = "onnx"
+
+
 def export_(
     paths: Annotated[
         list[str],
@@ -181,32 +188,86 @@ def export_(
             "folder to write.",
         ),
     ],
+    format_: Annotated[
+        ExportFormat,
+        typer.Option(
+            "--format",
+            help="safetensors: weights for charlm and torch; onnx: graphs for onnxruntime (the decoder's step with "
+            "its KV cache), checked against the model before they are written (needs the onnx extra).",
+        ),
+    ] = ExportFormat.safetensors,
+    web: Annotated[
+        bool,
+        typer.Option(
+            "--web",
+            help="ONNX, plus a static web page (index.html) that generates text in the browser with "
+            "onnxruntime-web; any static file server can host the folder.",
+        ),
+    ] = False,
+    runtime: Annotated[
+        Optional[Path],
+        typer.Option(
+            help="With --web: bundle onnxruntime-web from this folder (node_modules/onnxruntime-web/dist of an npm "
+            "install) instead of loading it from jsdelivr, for offline hosting.",
+            show_default=False,
+        ),
+    ] = None,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace DIR if it holds anything.")] = False,
 ) -> None:
-    """Write a model anyone can load without unpickling: model.safetensors, config.json, vocab.json, README.md."""
+    """Write a model anyone can run without charlm's pickles: safetensors, ONNX graphs or a web page.
+
+    Beside the weights or graphs: config.json, vocab.json and a README.md model card.
+
+    --format onnx checks the graphs through onnxruntime before writing: logits within 1e-4, the same greedy text.
+
+    --web adds index.html, a page that generates in the browser. DIR must be empty unless --overwrite.
+    """
     needs_torch()
     from charlm.api.model import export
+    from charlm.api.onnx_model import export_onnx
     from charlm.progress import stderr_console
 
     if len(paths) > 2:
         raise UsageError(f"charlm export takes [CKPT] DIR, got {len(paths)} paths")
     source = checkpoint_path(paths[0] if len(paths) == 2 else None)
-    written = export(source, Path(paths[-1]))
-    stderr_console().print(f"exported {source} to {paths[-1]}: {', '.join(p.name for p in written)}", markup=False)
+    console = stderr_console()
+    if format_ is ExportFormat.safetensors and not web:
+        written = export(source, Path(paths[-1]), runtime=runtime, overwrite=overwrite)
+        console.print(f"exported {source} to {paths[-1]}: {', '.join(p.name for p in written)}", markup=False)
+        return
+    done = export_onnx(source, Path(paths[-1]), web, runtime, overwrite)
+    names = sorted({p.name if p.parent.name != "ort" else "ort/" for p in done.files})
+    check = done.check
+    console.print(
+        f"exported {source} to {paths[-1]} in {done.export_seconds:.1f} s: {', '.join(names)}\n"
+        f"checked through onnxruntime: {check.compared}, max |difference| {check.max_abs_diff:.2g}; "
+        f"{check.greedy} identical to charlm's",
+        markup=False,
+    )
 
 
 # ---------------------------------------------------------------------------- plot and config
 
 
 def plot(
-    run_dirs: Annotated[list[Path], typer.Argument(help="One or more run folders (each with metrics.jsonl).")],
+    run_dirs: Annotated[
+        list[Path],
+        typer.Argument(help="One or more run folders (each with metrics.jsonl), or one sweep folder (charlm sweep)."),
+    ],
     output: Annotated[Path, typer.Option("--output", "-o", help="PNG file to write.")] = Path("loss.png"),
 ) -> None:
-    r"""Plot train and val loss against step and wall time, with the learning rate (needs pip install -e ".\[plot]")."""
+    r"""Plot train and val loss against step and wall time, with the learning rate (needs pip install -e ".\[plot]").
+
+    Given a sweep folder, plots each trial's full-validation loss against each swept key instead.
+    """
     # \[ above: rich markup would read [plot] as a style and drop it
-    from charlm.cli.plot import plot_runs
+    from charlm.cli.plot import plot_runs, plot_sweep, sweep_results
     from charlm.progress import stderr_console
 
-    written = plot_runs(run_dirs, output)
+    sweeps = [(d, found) for d in run_dirs if (found := sweep_results(d)) is not None]
+    if sweeps and len(run_dirs) > 1:
+        raise UsageError(f"{sweeps[0][0]} is a sweep folder: plot it alone (charlm plot {sweeps[0][0]})")
+    written = plot_sweep(sweeps[0][1], output) if sweeps else plot_runs(run_dirs, output)
     stderr_console().print(f"wrote {written}")
 
 

@@ -1,4 +1,5 @@
-"""Loss curves from one or more run folders' metrics.jsonl, drawn with matplotlib (the optional `plot` extra)."""
+"""Loss curves from one or more run folders' metrics.jsonl, and a sweep's loss against each swept key, drawn with
+matplotlib (the optional `plot` extra)."""
 
 from __future__ import annotations
 
@@ -111,6 +112,58 @@ def plot_runs(run_dirs: list[Path], output: Path) -> Path:
         ax.legend(fontsize="small", loc="lower left")
     axes[0].set_title("loss against step")
     axes[1].set_title("loss against wall time")
+    output.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(output, lambda f: fig.savefig(f, format="png", dpi=110))
+    plt.close(fig)
+    return output
+
+
+SWEEP_KIND = "charlm-sweep"  # results.json's mark (charlm.training.sweep.KIND; read here without importing torch)
+
+
+def sweep_results(folder: Path) -> dict | None:
+    """A sweep folder's results.json, or None for a folder that is no sweep."""
+    path = folder / "results.json"
+    if not path.is_file():
+        return None
+    try:
+        results = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError:
+        raise UsageError(f"{path} is not JSON; run the sweep's command again to rewrite it") from None
+    return results if isinstance(results, dict) and results.get("kind") == SWEEP_KIND else None
+
+
+def plot_sweep(results: dict, output: Path) -> Path:
+    """One panel per swept key: each completed trial's full-validation loss against its value (log axis for a
+    log-scaled range), pruned trials' last periodic estimate as open circles."""
+    plt = _pyplot()
+    swept = results["swept"]
+    done = [r for r in results["trials"] if r["state"] in ("complete", "pruned")]
+    if not any(r["state"] == "complete" for r in done):
+        raise UsageError(f"{results['sweep_dir']} holds no completed trial yet; run the sweep first")
+    fig, axes = plt.subplots(1, len(swept), figsize=(4.5 * len(swept), 4), squeeze=False, constrained_layout=True)
+    for ax, param in zip(axes[0], swept, strict=True):
+        key, choices = param["key"], param["choices"]
+        labels = [str(c) for c in choices] if choices is not None else []
+
+        def x_of(value, labels=labels, choices=choices):
+            return labels.index(str(value)) if choices is not None else value
+
+        for state, marker in (("complete", "o"), ("pruned", "o")):
+            rows = [r for r in done if r["state"] == state and key in r["params"]]
+            xs = [x_of(r["params"][key]) for r in rows]
+            ys = [r["full_val_loss"] if state == "complete" else r["val_loss"] for r in rows]
+            face = "C0" if state == "complete" else "none"
+            ax.scatter(xs, ys, marker=marker, facecolors=face, edgecolors="C0", label=state)
+        if choices is not None:
+            ax.set_xticks(range(len(labels)), labels)
+        elif param.get("log"):
+            ax.set_xscale("log")
+        ax.set_xlabel(key)
+        ax.set_ylabel("full-val loss (nats/char)")
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize="small")
+    fig.suptitle(f"sweep {results['sweep_dir']}: loss against each swept key", fontsize=10)
     output.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(output, lambda f: fig.savefig(f, format="png", dpi=110))
     plt.close(fig)

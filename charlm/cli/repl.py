@@ -119,7 +119,9 @@ def run_repl(
                 break
             line = line.rstrip("\n")
         if not line.strip():
-            continue
+            if not model.family.makes_items:
+                continue
+            line = ""  # a lines model: Enter alone makes a whole item from nothing
         if line.startswith("/") and (line.split()[0] in ("/quit", "/exit")):
             break
         try:

@@ -12,6 +12,7 @@ from charlm.progress import stdout_console
 if TYPE_CHECKING:  # only for annotations: `charlm config --keys` must not import torch
     from charlm.config.reference import KeyInfo
     from charlm.decoding.transduce import TransductionResult
+    from charlm.evaluation.items import ItemsResult
     from charlm.evaluation.loss import EvalResult
     from charlm.evaluation.masked import MaskedResult
     from charlm.models.info import ModelInfo
@@ -73,7 +74,17 @@ def print_masked_result(r: MaskedResult) -> None:
     )
 
 
-def print_score(result: EvalResult | TransductionResult | MaskedResult) -> None:
+def print_items_result(r: ItemsResult) -> None:
+    scored = _what_was_scored(r.split, r.file)
+    stdout_console().print(
+        f"{scored}: {r.items:,} items; loss {r.loss:.4f} nats/char, {r.bpc:.4f} bits/char, perplexity "
+        f"{r.perplexity:.3f} (each item's end symbol counted as a character: {r.chars:,} scored); mean "
+        f"log-likelihood {r.mean_logprob:.3f} nats per item",
+        markup=False,
+    )
+
+
+def print_score(result: EvalResult | TransductionResult | MaskedResult | ItemsResult) -> None:
     """What `charlm eval` prints for whichever result the model's family scored."""
     PRINTERS[type(result).__name__](result)
 
@@ -83,6 +94,7 @@ PRINTERS: dict[str, Any] = {
     "EvalResult": print_eval_result,
     "TransductionResult": print_transduction_result,
     "MaskedResult": print_masked_result,
+    "ItemsResult": print_items_result,
 }
 
 

@@ -9,6 +9,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from charlm.cli import items_commands as cli_items
 from charlm.cli.support import (
     CHECKPOINT_HELP,
     DeviceOption,
@@ -83,8 +84,9 @@ def sample_(
         bool,
         typer.Option(
             "--json",
-            help='Print one JSON object: {"samples": [...], "chars_per_s": ..., "replaced": N} (replaced: '
-            "characters a byte model produced that were not valid UTF-8, shown as U+FFFD; with --compile also "
+            help='Print one JSON object: {"samples": [...], "chars_per_s": ..., "replaced": N, "runtime": ...} '
+            "(replaced: characters a byte model produced that were not valid UTF-8, shown as U+FFFD; runtime: torch, "
+            "or onnxruntime for an ONNX export; with --compile also "
             '"compile_s", the seconds compiling took, which chars_per_s leaves out).',
         ),
     ] = False,
@@ -103,11 +105,20 @@ def sample_(
             "prompt per input line.",
         ),
     ] = False,
+    novel: Annotated[
+        bool,
+        typer.Option(
+            "--novel",
+            help="A lines model: print only items that are not in its training split, and the share that were new.",
+        ),
+    ] = False,
 ) -> None:
     """Generate text from a checkpoint, continuing a prompt (KV-cached; temperature, top-k, top-p, stop strings).
 
     An encoder-decoder rewrites the prompt instead (greedy, or --beam N): --prompt SOURCE prints its target;
-    --prompt-file FILE (- for standard input) rewrites every line and prints source<TAB>target lines.
+    --prompt-file FILE (- for standard input) rewrites every line and prints source<TAB>target lines. A lines model
+    (data.format lines) makes --num-samples whole items, one per line, each ended by its end symbol; --prompt begins
+    each item (default: nothing), --max-new-tokens is only a cap, and --json lists the items with their log-likelihoods.
     """
     needs_torch()
     from charlm.api.model import load
@@ -146,7 +157,12 @@ def sample_(
     model.decoder  # noqa: B018  (an encoder is refused here in one line: it fills blanks, see `charlm fill`)
     if beam != 1:
         raise UsageError("--beam is for encoder-decoder models; a decoder samples (--temperature 0 is greedy)")
-    text = read_prompt(prompt_file) if prompt_file is not None else ("\n" if prompt is None else prompt)
+    if novel and not model.family.makes_items:
+        cli_items.refuse_novel(model)
+    if model.family.makes_items:  # an item's beginning: one line, empty by default
+        text = read_prompt(prompt_file).rstrip("\r\n") if prompt_file is not None else (prompt or "")
+    else:
+        text = read_prompt(prompt_file) if prompt_file is not None else ("\n" if prompt is None else prompt)
     options = DecodeOptions.from_config(
         model.config.sample,
         **given,
@@ -160,13 +176,21 @@ def sample_(
         from charlm.cli.repl import run_repl
 
         return run_repl(model, options, unknown.value, replace_with)
+    if model.family.makes_items:
+        streams = stream if stream is not None else sys.stdout.isatty()
+        return cli_items.print_items(model, text, options, novel, json_out, streams, unknown.value, replace_with)
     prompt_ids = model.encode_prompt(text, unknown.value, replace_with)
     streaming = not json_out and num_samples == 1 and (stream if stream is not None else sys.stdout.isatty())
     if streaming:
         write_flushed(model.tokenizer.decode(prompt_ids))  # the prompt as the model sees it
     result = model.sample(prompt_ids, options, on_text=write_flushed if streaming else None)
     if json_out:
-        out = {"samples": result.samples, "chars_per_s": result.chars_per_s, "replaced": result.replaced}
+        out = {
+            "samples": result.samples,
+            "chars_per_s": result.chars_per_s,
+            "replaced": result.replaced,
+            "runtime": model.runtime,
+        }
         print_json(out | ({"compile_s": round(result.compile_seconds, 3)} if compile_step else {}))
     elif streaming:
         sys.stdout.write("\n")
@@ -199,7 +223,7 @@ def transduce_lines(model, prompt, prompt_file, decoding: tuple, json_out: bool)
     targets = model.transduce(sources, beam, temperature or 0.0, top_k, top_p or 1.0, seed, unknown, replace_with)
     if json_out:
         rows = [{"source": line, "target": t} for (_, line), t in zip(numbered, targets, strict=True)]
-        print_json({"targets": rows, "beam": beam})
+        print_json({"targets": rows, "beam": beam, "runtime": model.runtime})
     elif prompt_file is None:
         sys.stdout.write(targets[0] + "\n")
     else:

@@ -74,6 +74,8 @@ def serve(
     listener = bind(host, port)
     model = load(checkpoint_path(checkpoint), device, precision.value)
     model.decoder  # noqa: B018  (an encoder-decoder is refused here, in one line, before serving)
+    if model.runtime != "torch":  # the engine batches rows through torch's caches
+        raise UsageError(f"{model.path} is an ONNX export: serve the checkpoint it came from or a safetensors export")
     limits = Limits(max_batch, max_queue, max_prompt, max_tokens, max_n, max_body)
     app = create_app(model, limits, model_name, api_key or None, unknown.value, replace_with)
     bound_host, bound_port = listener.getsockname()[:2]

@@ -48,9 +48,24 @@ def _pairs(model: Any, data: Any) -> list[str]:
     return []
 
 
+def _lines_of_characters(model: Any, data: Any) -> list[str]:
+    """A decoder's item lists are over characters (the padding, start and end symbols are characters' ids)."""
+    if data.format == "lines" and data.tokenizer != "char":
+        return ["data.format lines reads characters: leave data.tokenizer at char"]
+    return []
+
+
+def _no_lines(model: Any, data: Any) -> list[str]:
+    if data.format == "lines":
+        return [f"data.format lines is for model.arch decoder, which makes whole items; {_named(model.arch)} does not"]
+    return []
+
+
 RULES: dict[str, Callable[[Any, Any], list[str]]] = {
-    "decoder": _no_encoder_decoder_keys,
-    "encoder": lambda model, data: _no_encoder_decoder_keys(model, data) + _dense_characters(model, data),
+    "decoder": lambda model, data: _no_encoder_decoder_keys(model, data) + _lines_of_characters(model, data),
+    "encoder": lambda model, data: (
+        _no_encoder_decoder_keys(model, data) + _dense_characters(model, data) + _no_lines(model, data)
+    ),
     "encoder-decoder": lambda model, data: _dense_characters(model, data) + _pairs(model, data),
 }
 

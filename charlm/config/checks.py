@@ -48,6 +48,13 @@ def valid_device_name(name: str) -> bool:
     return name in ("auto", "cpu", "cuda", "mps") or (name.startswith("cuda:") and name[5:].isdigit())
 
 
+def value_problem(value: Any, meta: Mapping[str, Any]) -> str | None:
+    """One key's value against the range its field's metadata sets (None, booleans, strings and lists have none)."""
+    if value is None or isinstance(value, (bool, str, list)):
+        return None
+    return _range_problem(value, meta)
+
+
 def _range_problem(value: float, meta: Mapping[str, Any]) -> str | None:
     if not math.isfinite(value):
         return "must be a finite number"

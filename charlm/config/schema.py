@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 import yaml
 
-from charlm.config.checks import config_problems
+from charlm.config.checks import config_problems, value_problem
 from charlm.config.sources import (  # noqa: F401  (re-exported: the config API in one import)
     CONFIG_DIRS,
     Options,
@@ -64,13 +64,17 @@ class DataConfig:
         lt=1.0,
     )
     test_size: int = documented(0, "exact tokens held out for testing (0 = use data.test_fraction)", ge=0)
-    format: Literal["text", "pairs"] = documented(
+    format: Literal["text", "pairs", "lines"] = documented(
         "text",
         "text: one stream of characters; pairs: UTF-8 TSV, one source<TAB>target per line (model.arch: "
-        "encoder-decoder), split by lines after a seeded shuffle (val/test fractions and sizes count lines)",
+        "encoder-decoder); lines: one item per line, each its own sequence between start and end symbols (model.arch: "
+        "decoder; docs/lines.md); pairs and lines are split by lines after a seeded shuffle (val/test fractions and "
+        "sizes count lines), empty lines skipped",
     )
     skip_bad_lines: bool = documented(
-        False, "pairs: skip lines without exactly one tab, with an empty side or too long (else: refuse the file)"
+        False,
+        "pairs: skip lines without exactly one tab, with an empty side or too long; lines: skip items too long for "
+        "the context (else: refuse the file)",
     )
 
 
@@ -184,7 +188,9 @@ class TrainConfig:
     )
     grad_clip: float = documented(1.0, "clip the gradient norm to this value (0 = no clipping)", ge=0.0)
     eval_interval: int = documented(250, "evaluate every this many optimizer steps", ge=1)
-    eval_windows: int = documented(128, "windows scored per split at each periodic evaluation", ge=1)
+    eval_windows: int = documented(
+        128, "windows scored per split at each periodic evaluation (pairs and lines: lines)", ge=1
+    )
     eval_sampling: Literal["fixed", "random"] = documented(
         "fixed",
         "fixed: the same windows at every evaluation (a low-noise signal); random: fresh random windows "
@@ -300,6 +306,19 @@ def _apply(values: dict[str, dict[str, Any]], s: Setting) -> str | None:
         return f"{s.key}: expected {describe_type(hint)}, got {s.value!r} ({s.source})"
     values[section][key] = value
     return None
+
+
+def setting_problem(s: Setting) -> str | None:
+    """One value checked on its own as build_config checks it (a known key, its type, its range), for values that
+    meet the rest of a config only later (a sweep's candidates); keys that must agree are checked with the config."""
+    values: dict[str, dict[str, Any]] = {name: {} for name in SECTIONS}
+    problem = _apply(values, s)
+    if problem is not None:
+        return problem
+    section, _, key = s.key.partition(".")
+    meta = next(f.metadata for f in dataclasses.fields(SECTIONS[section]) if f.name == key)
+    found = value_problem(values[section][key], meta)
+    return f"{s.key}: {found}, got {s.value!r} ({s.source})" if found else None
 
 
 def _suggest(word: str, options: list[str], prefix: str = "") -> str:

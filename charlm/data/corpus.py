@@ -10,9 +10,9 @@ from pathlib import Path
 import torch
 
 from charlm.config.schema import DataConfig
-from charlm.errors import UsageError
 from charlm.data.prepare import id_dtype, prepare, release_mapped_pages
 from charlm.data.tokenizer import CharTokenizer, Tokenizer, UnknownPolicy
+from charlm.errors import UsageError
 
 
 def read_text(path: str | Path) -> str:
@@ -124,7 +124,8 @@ def conform(
 
 @dataclass
 class Corpus:
-    """A corpus prepared once (charlm.data.prepare) and split into train, validation and test ids (memory-mapped views)."""
+    """A corpus prepared once (charlm.data.prepare) and split into train, validation and test ids (memory-mapped
+    views)."""
 
     tokenizer: Tokenizer
     train: torch.Tensor  # (N_train,) compact ids

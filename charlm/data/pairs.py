@@ -7,22 +7,19 @@ test lines are taken from the end, as the text format takes its splits from the 
 
 from __future__ import annotations
 
-import random
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch import nn
 
 from charlm.config.schema import DataConfig
-from charlm.data.corpus import IGNORE, read_text, split_sizes
-from charlm.hardware.device import autocast
-from charlm.data.tokenizer import BOS, EOS, PAD, SPECIAL_CHARS
+from charlm.data.corpus import IGNORE, read_text
+from charlm.data.records import RecordSplits
+from charlm.data.tokenizer import BOS, EOS, PAD, SPECIAL_CHARS, CharTokenizer, Tokenizer
 from charlm.errors import UsageError
-from charlm.data.tokenizer import CharTokenizer, Tokenizer
+from charlm.hardware.device import autocast
 
-SPLIT_SEED = 0
 Pair = tuple[list[int], list[int]]  # source ids, target ids (without BOS/EOS)
 
 
@@ -70,15 +67,10 @@ def pair_tokenizer(pairs: list[tuple[str, str]]) -> CharTokenizer:
     return CharTokenizer(SPECIAL_CHARS + sorted({c for s, t in pairs for c in s + t}))
 
 
-@dataclass
-class PairCorpus:
+class PairCorpus(RecordSplits[Pair]):
     """A paired file, encoded and split by lines."""
 
-    tokenizer: Tokenizer
-    train: list[Pair]
-    val: list[Pair]
-    test: list[Pair]
-    source: str = ""
+    unit = "lines"
 
     @classmethod
     def from_config(
@@ -98,27 +90,7 @@ class PairCorpus:
                 f"{data.path} has characters the model has never seen: {shown}" + (f"; {hint}" if hint else "")
             )
         encoded = [(tokenizer.encode(s), tokenizer.encode(t)) for s, t in strings]
-        random.Random(SPLIT_SEED).shuffle(encoded)
-        n_train, n_val, _ = split_sizes(len(encoded), data, data.path, "lines")
-        return cls(
-            tokenizer, encoded[:n_train], encoded[n_train : n_train + n_val], encoded[n_train + n_val :], data.path
-        )
-
-    def split(self, name: str) -> list[Pair]:
-        if name == "all":
-            return self.train + self.val + self.test
-        if name not in ("train", "val", "test"):
-            raise UsageError(f"split must be one of train, val, test or all, got {name!r}")
-        if name == "test" and not self.test:
-            raise UsageError(f"{self.source} has no test split: set data.test_fraction or data.test_size when training")
-        return getattr(self, name)
-
-    def check_windows(self, block_size: int, source: str) -> None:
-        for name in ("train", "val"):
-            if not getattr(self, name):
-                raise UsageError(
-                    f"{source} has too few lines: its {name} split is empty; add lines or change data.val_fraction"
-                )
+        return cls.shuffled(tokenizer, encoded, data)
 
 
 def pad_batch(pairs: list[Pair], device: torch.device) -> tuple[tuple[torch.Tensor, torch.Tensor], torch.Tensor]:

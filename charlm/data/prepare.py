@@ -28,9 +28,9 @@ from typing import Any
 
 import torch
 
+from charlm.data.tokenizer import ByteTokenizer, CharTokenizer, Tokenizer
 from charlm.errors import UsageError, WorkError
 from charlm.files import atomic_write
-from charlm.data.tokenizer import ByteTokenizer, CharTokenizer, Tokenizer
 
 FORMAT = 1
 CHUNK = 8 << 20  # bytes read at a time: bounds memory whatever the corpus size

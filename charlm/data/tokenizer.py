@@ -19,7 +19,6 @@ PAD, BOS, EOS = 0, 1, 2
 SPECIAL_CHARS = ["\x00", "\x02", "\x03"]  # NUL, STX, ETX: the characters of ids 0, 1, 2 in a paired vocabulary
 
 
-
 def check_unknown_policy(unknown: str) -> None:
     if unknown not in UNKNOWN_POLICIES:
         raise UsageError(f"unknown-character policy must be one of {', '.join(UNKNOWN_POLICIES)}, got {unknown!r}")

@@ -18,13 +18,14 @@ from dataclasses import dataclass
 
 import torch
 
+from charlm.config.schema import ModelConfig
 from charlm.data.tokenizer import Tokenizer, UnknownPolicy
 from charlm.decoding.compiled import compiled_decoder
 from charlm.decoding.options import DecodeOptions, check_values
 from charlm.decoding.sampling import sample_next
 from charlm.decoding.stops import StopStrings
 from charlm.errors import UsageError
-from charlm.models.decoder import GPT
+from charlm.models.decoder import GPT, decoder_reach, relative_positions
 from charlm.models.kvcache import KVCache, StaticCache
 
 ChooseNext = Callable[[torch.Tensor], torch.Tensor]  # logits (B, V) -> ids (B,)
@@ -41,8 +42,11 @@ class ContextWindow:
     """The windowing policy above for one text: where the model's window begins as the text grows. Used by the
     decoding loops here and by the server's engine, row by row."""
 
-    def __init__(self, model: GPT):
-        self.relative, self.reach, self.block_size = model.relative_positions, model.reach, model.config.block_size
+    def __init__(self, model: GPT | ModelConfig):
+        """The policy of a model, or of a decoder's config where no torch module runs it (an ONNX export)."""
+        config = model if isinstance(model, ModelConfig) else model.config
+        self.relative, self.reach = relative_positions(config), decoder_reach(config)
+        self.block_size = config.block_size
         self.start = 0
 
     def advance(self, length: int) -> int:
@@ -161,19 +165,7 @@ def sample(
     on_text: Callable[[str], None] | None = None,
 ) -> SampleResult:
     """Generate num_samples continuations in one batch; on_text streams sample 0's new characters."""
-    device = next(model.parameters()).device
-    generator = torch.Generator(device=device)
-    generator.manual_seed(options.seed if options.seed is not None else torch.seed())
-
-    def choose(logits: torch.Tensor) -> torch.Tensor:
-        return sample_next(logits, generator, options.temperature, options.top_k, options.top_p)
-
-    prompt = tokenizer.decode(prompt_ids)
-    texts: list[list[str]] = [[] for _ in range(options.num_samples)]
-    ids: list[list[int]] = [[] for _ in range(options.num_samples)]
-    decoders = [tokenizer.stream_decoder() for _ in range(options.num_samples)]  # bytes: whole characters only
-    done = [False] * options.num_samples
-    stops = [StopStrings(options.stop) for _ in range(options.num_samples)]
+    choose = seeded_chooser(options, next(model.parameters()).device)
     model.eval()
     compile_seconds = 0.0
     check_values({"compile": options.compile, "use_cache": options.use_cache})
@@ -185,6 +177,39 @@ def sample(
     steps = generate_ids(
         model, prompt_ids, options.max_new_tokens, options.num_samples, choose, options.use_cache, options.compile
     )
+    result = collect_samples(steps, tokenizer, prompt_ids, options, on_text, started)
+    result.compile_seconds = compile_seconds
+    return result
+
+
+def seeded_chooser(options: DecodeOptions, device: torch.device) -> ChooseNext:
+    """The next ids under these options, drawn from a torch.Generator seeded with options.seed (a fresh seed
+    without one)."""
+    generator = torch.Generator(device=device)
+    generator.manual_seed(options.seed if options.seed is not None else torch.seed())
+
+    def choose(logits: torch.Tensor) -> torch.Tensor:
+        return sample_next(logits, generator, options.temperature, options.top_k, options.top_p)
+
+    return choose
+
+
+def collect_samples(
+    steps: Iterator[torch.Tensor],
+    tokenizer: Tokenizer,
+    prompt_ids: list[int],
+    options: DecodeOptions,
+    on_text: Callable[[str], None] | None,
+    started: float,
+) -> SampleResult:
+    """The samples of a decoding loop's ids (B,) step by step: stop strings, whole characters of a byte model,
+    sample 0 streamed to on_text; timed from `started`. Any runtime's loop ends here (torch's, onnxruntime's)."""
+    prompt = tokenizer.decode(prompt_ids)
+    texts: list[list[str]] = [[] for _ in range(options.num_samples)]
+    ids: list[list[int]] = [[] for _ in range(options.num_samples)]
+    decoders = [tokenizer.stream_decoder() for _ in range(options.num_samples)]  # bytes: whole characters only
+    done = [False] * options.num_samples
+    stops = [StopStrings(options.stop) for _ in range(options.num_samples)]
     for next_ids in steps:
         for i, token in enumerate(next_ids.tolist()):
             if done[i]:
@@ -209,4 +234,4 @@ def sample(
     seconds = time.perf_counter() - started
     replaced = sum(tokenizer.replaced(prompt_ids + sample_ids) for sample_ids in ids)
     samples = [prompt + "".join(t) for t in texts]
-    return SampleResult(samples, sum(len(t) for t in ids), seconds, replaced, compile_seconds)
+    return SampleResult(samples, sum(len(t) for t in ids), seconds, replaced)

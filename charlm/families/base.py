@@ -15,14 +15,20 @@ from torch import nn
 from charlm.config.arch_rules import arch_problems
 from charlm.config.schema import Config, DataConfig, ModelConfig, TrainConfig
 from charlm.data.corpus import Corpus
+from charlm.data.lines import LineCorpus
 from charlm.data.pairs import PairCorpus
 from charlm.data.tokenizer import Tokenizer, UnknownPolicy
+from charlm.decoding.generate import encode_prompt as encode_text_prompt
+from charlm.decoding.generate import sample as sample_text
+from charlm.decoding.stepped import GraphRuntime, RuntimeCheck
 from charlm.errors import UsageError
 from charlm.evaluation.loss import EvalResult
+from charlm.evaluation.loss import surprisal as text_surprisal
 from charlm.hardware.distributed import Dist
 from charlm.models.info import ModelInfo
+from charlm.models.onnx_graphs import Graph
 
-AnyCorpus = Corpus | PairCorpus
+AnyCorpus = Corpus | PairCorpus | LineCorpus
 
 
 class Loaded(Protocol):
@@ -82,6 +88,7 @@ class Family(abc.ABC):
     module_type: type[nn.Module] = nn.Module
     continues_text = False  # a text model: `charlm sample` continues prompts, --init-from can start from it
     rewrites_sources = False  # `charlm sample` and `eval` take source strings and give targets (pairs)
+    makes_items = False  # `charlm sample` makes whole items, each ended by the end symbol (data.format lines)
     scored_by = ""  # how this family is scored when charlm.Model.evaluate (a text's loss) is asked of it
     attention_parts: tuple[str, ...] = ("self",)  # what `charlm attention --part` can show
 
@@ -129,6 +136,42 @@ class Family(abc.ABC):
     @abc.abstractmethod
     def card(self, loaded: Loaded, steps: int, folder: Path, files: str) -> str:
         """The README.md of an export: what the model is, how well it does, how to use it."""
+
+    # -- ONNX exports ---------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def onnx_graphs(self, module: nn.Module) -> list[Graph]:
+        """The graphs an ONNX export of this family holds (charlm/models/onnx_graphs.py)."""
+
+    @abc.abstractmethod
+    def onnx_check(self, loaded: Loaded, runtime: GraphRuntime) -> RuntimeCheck:
+        """The exported graphs run by `runtime` against the torch model: logits on a few inputs, greedy output."""
+
+    # -- using a trained model ----------------------------------------------------------------
+
+    def encode_prompt(
+        self, loaded: Loaded, prompt: str, unknown: UnknownPolicy = "error", replace_with: str | None = None
+    ) -> list[int]:
+        """A prompt's ids: not empty, characters outside the vocabulary refused unless `unknown` says otherwise."""
+        return encode_text_prompt(loaded.tokenizer, prompt, unknown, replace_with)
+
+    def sample(self, loaded: Loaded, prompt_ids: list[int], options: Any, on_text: Any = None) -> Any:
+        """`charlm sample`, the REPL and generate(): num_samples continuations of the prompt (a SampleResult)."""
+        return sample_text(self.as_decoder(loaded), loaded.tokenizer, prompt_ids, options, on_text=on_text)
+
+    def surprisal(self, loaded: Loaded, ids: list[int]) -> tuple[list[str], list[float | None]]:
+        """The server's score view: each character, and -ln p of it given those before (None: nothing before it)."""
+        if len(ids) < 2:
+            raise UsageError("text needs at least 2 characters: the first one has nothing before it")
+        nats = text_surprisal(self.as_decoder(loaded), ids, loaded.config.model.block_size)
+        return [loaded.tokenizer.decode([i]) for i in ids], [None, *nats]
+
+    def item_frame(self, loaded: Loaded) -> Any:
+        """A lines model's framing of items (charlm.decoding.items.ItemFrame); None for every other family."""
+        return None
+
+    def as_lines(self, loaded: Loaded) -> Any:
+        raise self.refuse(loaded, "a lines model (data.format lines), which makes whole items")
 
     def as_decoder(self, loaded: Loaded) -> Any:
         raise self.refuse(loaded, "a decoder")

@@ -13,6 +13,7 @@ from torch import nn
 from charlm.config.schema import Config, ModelConfig
 from charlm.data.corpus import Corpus, RandomWindows, encode_compact
 from charlm.data.tokenizer import UnknownPolicy
+from charlm.decoding.stepped import GraphRuntime, RuntimeCheck
 from charlm.errors import UsageError
 from charlm.evaluation.loss import EvalResult, full_pass, windows_total
 from charlm.families.base import AnyCorpus, Family, Loaded, data_name, num_params, optimizer_name, same_file
@@ -20,6 +21,7 @@ from charlm.families.losses import WindowLosses
 from charlm.hardware.distributed import Dist
 from charlm.models.decoder import GPT
 from charlm.models.info import ModelInfo, decoder_info
+from charlm.models.onnx_graphs import Graph, decoder_graphs
 
 
 class DecoderFamily(Family):
@@ -57,6 +59,14 @@ class DecoderFamily(Family):
 
     def attention_module(self, loaded: Loaded) -> GPT:
         return self.as_decoder(loaded)
+
+    def onnx_graphs(self, module: nn.Module) -> list[Graph]:
+        return decoder_graphs(cast(GPT, module))
+
+    def onnx_check(self, loaded: Loaded, runtime: GraphRuntime) -> RuntimeCheck:
+        from charlm.families.onnx_checks import decoder_check
+
+        return decoder_check(loaded, self.as_decoder(loaded), runtime)
 
     def score(self, loaded: Loaded, data: str | None, split: str | None, options: dict[str, Any]) -> EvalResult:
         if options.get("beam", 1) != 1:

@@ -14,6 +14,7 @@ from charlm.config.schema import Config, ModelConfig
 from charlm.data.corpus import Corpus
 from charlm.data.masking import MaskedWindows
 from charlm.decoding.fill import fill
+from charlm.decoding.stepped import GraphRuntime, RuntimeCheck
 from charlm.errors import UsageError
 from charlm.evaluation.loss import EvalResult
 from charlm.evaluation.masked import MaskedResult, all_windows, masked_score
@@ -23,6 +24,7 @@ from charlm.families.losses import WindowLosses
 from charlm.hardware.distributed import Dist
 from charlm.models.encoder import EncoderOnly
 from charlm.models.info import ModelInfo, encoder_info
+from charlm.models.onnx_graphs import Graph, encoder_graphs
 
 
 class EncoderFamily(Family):
@@ -60,6 +62,14 @@ class EncoderFamily(Family):
 
     def attention_module(self, loaded: Loaded) -> EncoderOnly:
         return self.as_encoder(loaded)  # full attention: every character sees every other
+
+    def onnx_graphs(self, module: nn.Module) -> list[Graph]:
+        return encoder_graphs(cast(EncoderOnly, module))
+
+    def onnx_check(self, loaded: Loaded, runtime: GraphRuntime) -> RuntimeCheck:
+        from charlm.families.onnx_checks import encoder_check
+
+        return encoder_check(loaded, self.as_encoder(loaded), runtime)
 
     def score(self, loaded: Loaded, data: str | None, split: str | None, options: dict[str, Any]) -> MaskedResult:
         if options.get("stride") is not None or options.get("beam", 1) != 1:

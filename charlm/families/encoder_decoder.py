@@ -14,6 +14,7 @@ from charlm.config.schema import Config, ModelConfig
 from charlm.data.pairs import PairBatches, PairCorpus, pairs_total
 from charlm.data.tokenizer import BOS, SPECIAL_CHARS, UnknownPolicy
 from charlm.decoding.options import DecodeOptions, field_name
+from charlm.decoding.stepped import GraphRuntime, RuntimeCheck
 from charlm.decoding.transduce import TransductionResult, score_pairs, transduce
 from charlm.errors import UsageError
 from charlm.evaluation.loss import EvalResult
@@ -22,6 +23,7 @@ from charlm.families.losses import PairLosses
 from charlm.hardware.distributed import Dist
 from charlm.models.encoder_decoder import EncoderDecoder
 from charlm.models.info import ModelInfo, encoder_decoder_info
+from charlm.models.onnx_graphs import Graph, encoder_decoder_graphs
 
 
 class EncoderDecoderFamily(Family):
@@ -52,6 +54,20 @@ class EncoderDecoderFamily(Family):
 
     def as_encoder_decoder(self, loaded: Loaded) -> EncoderDecoder:
         return cast(EncoderDecoder, loaded.module)
+
+    def onnx_graphs(self, module: nn.Module) -> list[Graph]:
+        model = cast(EncoderDecoder, module)
+        if not model.config.cross_attention:
+            raise UsageError(
+                "model.cross_attention=false: this decoder never reads the encoder, so there is no encoder graph to "
+                "export to ONNX; use --format safetensors"
+            )
+        return encoder_decoder_graphs(model)
+
+    def onnx_check(self, loaded: Loaded, runtime: GraphRuntime) -> RuntimeCheck:
+        from charlm.families.onnx_checks import encoder_decoder_check
+
+        return encoder_decoder_check(loaded, self.as_encoder_decoder(loaded), runtime)
 
     def score(self, loaded: Loaded, data: str | None, split: str | None, options: dict[str, Any]) -> Any:
         if options.get("stride") is not None:

@@ -1,15 +1,17 @@
-"""The model families, registered in one place: model.arch names one, and a model's class names its own."""
+"""The model families, registered in one place: model.arch names one (with data.format, for a decoder of item
+lists), and a model's class names its own."""
 
 from __future__ import annotations
 
 from torch import nn
 
-from charlm.config.schema import ModelConfig
+from charlm.config.schema import Config, ModelConfig
 from charlm.errors import UsageError
 from charlm.families.base import Family
 from charlm.families.decoder import DecoderFamily
 from charlm.families.encoder import EncoderFamily
 from charlm.families.encoder_decoder import EncoderDecoderFamily
+from charlm.families.lines import LinesFamily
 from charlm.models.decoder import GPT
 from charlm.models.encoder import EncoderOnly
 from charlm.models.encoder_decoder import EncoderDecoder
@@ -17,6 +19,8 @@ from charlm.models.info import ModelInfo
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (DecoderFamily(), EncoderDecoderFamily(), EncoderFamily())}
 _BY_TYPE: dict[type[nn.Module], Family] = {f.module_type: f for f in FAMILIES.values()}
+# A decoder trained on another data format is a family of its own: same module, other batches, scores and uses.
+BY_FORMAT: dict[tuple[str, str], Family] = {("decoder", "lines"): LinesFamily()}
 
 AnyModel = GPT | EncoderDecoder | EncoderOnly
 
@@ -24,6 +28,11 @@ AnyModel = GPT | EncoderDecoder | EncoderOnly
 def family(arch: str) -> Family:
     """The family model.arch names (the config has already refused any other name)."""
     return FAMILIES[arch]
+
+
+def family_for(config: Config) -> Family:
+    """The family of a run or a trained model: model.arch's, or the one its data.format makes of it (lines)."""
+    return BY_FORMAT.get((config.model.arch, config.data.format)) or FAMILIES[config.model.arch]
 
 
 def family_of(module: nn.Module) -> Family:

@@ -37,15 +37,12 @@ class GPT(Transformer):
     @property
     def relative_positions(self) -> bool:
         """True when attention depends only on distances, so the context can roll instead of being re-encoded."""
-        return self.config.pos_encoding in RELATIVE
+        return relative_positions(self.config)
 
     @property
     def reach(self) -> int:
-        """How many positions the last position's logits depend on under relative positions: itself and n_layer
-        sliding windows of block_size - 1 before it; with token shift one more per layer and one for the embeddings
-        (each shift point's predecessor)."""
-        c = self.config
-        return c.n_layer * (c.block_size - 1) + 1 + (c.n_layer + 1 if c.token_shift else 0)
+        """How many positions the last position's logits depend on under relative positions (decoder_reach)."""
+        return decoder_reach(self.config)
 
     def forward(
         self,
@@ -81,3 +78,16 @@ class GPT(Transformer):
 
     def new_row_cache(self, rows: int, device: torch.device, dtype: torch.dtype = torch.float32) -> RowCache:
         return self.empty_cache(RowCache, rows, device, dtype)
+
+
+def relative_positions(config: ModelConfig) -> bool:
+    """Whether a decoder of this config attends by distances only (RoPE, ALiBi)."""
+    return config.pos_encoding in RELATIVE
+
+
+def decoder_reach(config: ModelConfig) -> int:
+    """How many positions the last position's logits depend on under relative positions: itself and n_layer sliding
+    windows of block_size - 1 before it; with token shift one more per layer and one for the embeddings (each shift
+    point's predecessor)."""
+    c = config
+    return c.n_layer * (c.block_size - 1) + 1 + (c.n_layer + 1 if c.token_shift else 0)

@@ -49,6 +49,8 @@ class Completion:
     options: DecodeOptions  # max_new_tokens, temperature, top-k, top-p, seed and stop strings are used here
     logprobs: int | None  # how many alternatives to report per token; None: no log-probabilities
     emit: Emit
+    end: int | None = None  # a lines model's end symbol: drawing it ends the completion ("stop"), and it is not shown
+    never: tuple[int, ...] = ()  # ids never drawn (a lines model's padding and start symbols)
     cancelled: threading.Event = field(default_factory=threading.Event)
     # progress, owned by the engine thread
     tokens: list[int] = field(default_factory=list)  # the whole text so far; the last one not yet in the cache
@@ -184,6 +186,9 @@ class Engine:
         last = torch.tensor([[c.tokens[-1]] for c in self.rows], device=self.device)  # (B, 1)
         logits = self.module(last, cache=self.cache)[0][:, -1].float()  # (B, V)
         self.steps += 1
+        for row, c in enumerate(self.rows):
+            if c.never:
+                logits[row, list(c.never)] = float("-inf")
         finished: list[tuple[int, str]] = []
         tokens = sample_rows(
             logits,
@@ -193,6 +198,9 @@ class Engine:
             [c.options.top_p for c in self.rows],
         )
         for row, (c, token) in enumerate(zip(self.rows, tokens, strict=True)):
+            if token == c.end:
+                finished.append((row, "end"))
+                continue
             c.tokens.append(token)
             c.generated += 1
             reason = self._deliver(c, token, logits[row] if c.logprobs is not None else None)
@@ -237,11 +245,11 @@ class Engine:
 
     def _finish(self, row: int, reason: str) -> None:
         c = self.rows[row]
-        if reason == "length" and c.decoder is not None:  # what was held back was not a stop string after all
+        if reason in ("length", "end") and c.decoder is not None:  # what was held back was not a stop string
             passed = c.stops.feed(c.decoder.flush())
             self._emit_text(c, passed if c.stops.stopped else passed + c.stops.flush(), c.held)
         c.held = []
-        c.emit("done", reason)
+        c.emit("done", "stop" if reason == "end" else reason)  # the end symbol: the item is whole, as OpenAI's stop
         self._release(row)
 
     def _release(self, row: int) -> None:

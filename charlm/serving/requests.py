@@ -76,8 +76,9 @@ def json_name(option: str) -> str:
     return "max_tokens" if option == "max_new_tokens" else option
 
 
-def parse_completion(body: Any, limits: Limits) -> CompletionRequest:
-    """The completion a JSON body asks for, or BadRequest naming the first thing wrong with it."""
+def parse_completion(body: Any, limits: Limits, default_prompt: str = "\n") -> CompletionRequest:
+    """The completion a JSON body asks for, or BadRequest naming the first thing wrong with it (a body without a
+    prompt continues `default_prompt`: a newline, or nothing for a lines model's whole items)."""
     if not isinstance(body, dict):
         raise BadRequest(400, "the request body must be a JSON object")
     unknown = sorted(set(body) - KNOWN)
@@ -89,7 +90,7 @@ def parse_completion(body: Any, limits: Limits) -> CompletionRequest:
     model = body.get("model")  # optional, as in vLLM and llama.cpp: a server holds one model
     if model is not None and (not isinstance(model, str) or not model):
         raise BadRequest(400, "model must be the name GET /v1/models lists, or left out for the served model", "model")
-    prompt = body.get("prompt", "\n")
+    prompt = body.get("prompt", default_prompt)
     prompts = [prompt] if isinstance(prompt, str) else prompt
     if not isinstance(prompts, list) or not prompts or not all(isinstance(p, str) for p in prompts):
         raise BadRequest(

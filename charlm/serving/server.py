@@ -26,7 +26,6 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from charlm.api.model import Model
 from charlm.data.tokenizer import UnknownPolicy
 from charlm.errors import UsageError
-from charlm.evaluation.loss import surprisal
 from charlm.serving.engine import Completion, Engine, Piece, QueueFull
 from charlm.serving.requests import BadRequest, CompletionRequest, Limits, parse_completion, parse_text
 
@@ -98,6 +97,7 @@ def create_app(
     """The ASGI app serving `model`; its engine thread starts with the app and stops with it."""
     limits = limits or Limits()
     state: dict[str, Any] = {}
+    frame = model.family.item_frame(model)  # a lines model: each completion is a whole item, from its start symbol
     created = int(model.path.stat().st_mtime) if model.path.exists() else int(time.time())
 
     @asynccontextmanager
@@ -178,12 +178,13 @@ def create_app(
             "layers": m.n_layer,
             "width": m.n_embd,
             "parameters": model.module.num_params(),
+            "items": frame is not None,
         }
         return {"object": "list", "data": [card]}
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
-        req = parse_completion(await read_json(request), limits)
+        req = parse_completion(await read_json(request), limits, "" if frame else "\n")
         check_model(req.model)
         prompt_ids = [encode(p, "prompt") for p in req.prompts]
         mailbox, events = state["mailbox"], asyncio.Queue()  # type: ignore[var-annotated]
@@ -191,13 +192,15 @@ def create_app(
         def emitter(index: int) -> Any:
             return lambda kind, value: mailbox.post(events, (index, kind, value))
 
+        def job(ids: list[int], options: Any, index: int) -> Completion:
+            if frame is None:
+                return Completion(ids, options, req.logprobs, emitter(index))
+            capped = options.with_(max_new_tokens=frame.cap(len(ids), options.max_new_tokens))
+            return Completion(frame.prompt(ids), capped, req.logprobs, emitter(index), frame.end, frame.never)
+
+        seeds = [None if req.options.seed is None else req.options.seed + j for j in range(req.n)]
         jobs = [
-            Completion(
-                ids,
-                req.options.with_(seed=None if req.options.seed is None else req.options.seed + j),
-                req.logprobs,
-                emitter(i * req.n + j),
-            )
+            job(ids, req.options.with_(seed=seeds[j]), i * req.n + j)
             for i, ids in enumerate(prompt_ids)
             for j in range(req.n)
         ]
@@ -218,16 +221,14 @@ def create_app(
         body = await read_json(request)
         check_model(body.get("model") if isinstance(body, dict) else None)
         ids = encode(parse_text(body, limits), "text")
-        if len(ids) < 2:
-            raise BadRequest(400, "text needs at least 2 characters: the first one has nothing before it", "text")
-        nats = await on_engine(lambda: surprisal(model.module, ids, model.config.model.block_size))
-        tokens = [model.tokenizer.decode([i]) for i in ids]
+        tokens, each = await on_engine(lambda: model.family.surprisal(model, ids))  # a lines model: the item whole
+        nats = [x for x in each if x is not None]
         mean = sum(nats) / len(nats)
         return {
             "model": model_name,
             "unit": model.tokenizer.unit,
             "tokens": tokens,
-            "surprisal_bits": [None] + [round(x / math.log(2), 4) for x in nats],
+            "surprisal_bits": [None if x is None else round(x / math.log(2), 4) for x in each],
             "nats_per_char": mean,
             "bits_per_char": mean / math.log(2),
             "scored": len(nats),

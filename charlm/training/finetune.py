@@ -18,7 +18,7 @@ from charlm.config.schema import Config
 from charlm.data.prepare import prepare
 from charlm.data.tokenizer import CharTokenizer, Tokenizer
 from charlm.errors import UsageError
-from charlm.families.registry import family
+from charlm.families.registry import family_for
 from charlm.models.decoder import GPT
 from charlm.storage.checkpoint import Checkpoint
 from charlm.storage.loading import load_model_file
@@ -58,8 +58,8 @@ def init_model(source: Checkpoint, config: Config, vocab_size: int, device: torc
     """A model of the source's shape holding its weights; rows for characters beyond its vocabulary stay as freshly
     initialised (call with the run's seed set, so they are reproducible)."""
     old_vocab = source.tokenizer.vocab_size
-    if not family(source.config.model.arch).continues_text:
-        raise UsageError(f"--init-from needs a decoder (text) model; {source.path} is an {source.config.model.arch}")
+    if not (source_family := family_for(source.config)).continues_text:
+        raise UsageError(f"--init-from needs a decoder (text) model; {source.path} is {source_family.noun} model")
     if vocab_size == old_vocab:
         return cast(GPT, source.build_model(device))
     model = GPT(config.model, vocab_size)

@@ -19,10 +19,9 @@ import torch
 from torch import nn
 
 from charlm.config.schema import Config
-from charlm.data.corpus import Corpus
-from charlm.data.pairs import PairCorpus
 from charlm.errors import CharlmError, Interrupted, UsageError, WorkError
-from charlm.families.registry import family
+from charlm.families.base import AnyCorpus
+from charlm.families.registry import family_for
 from charlm.hardware.device import precision_name, rng_state, seed_everything, set_rng_state, should_compile
 from charlm.hardware.distributed import Dist
 from charlm.models.linear import onednn_linears, use_onednn
@@ -53,7 +52,7 @@ class Trainer:
         self,
         config: Config,
         model: nn.Module,
-        corpus: Corpus | PairCorpus,
+        corpus: AnyCorpus,
         device: torch.device,
         folder: RunFolder,
         reporter: TrainReporter,
@@ -71,7 +70,7 @@ class Trainer:
         self.schedule = LRSchedule(tc)
         self.scaler = torch.amp.GradScaler(device.type) if self.amp_dtype == torch.float16 else None
         self.metrics = MetricsLog(folder.path, config, enabled=self.dist.is_main)
-        self.family = family(config.model.arch)  # how this model's batches are made and scored
+        self.family = family_for(config)  # how this model's batches are made and scored
         self.scoring = self.family.periodic_losses(config, corpus, device, self.amp_dtype, self.dist)
         rank_seed = seed_for_rank(tc.seed, self.dist.rank)
         self.batches = make_batches(config, corpus, device, rank_seed)

@@ -16,6 +16,7 @@ from charlm.config import schema as cfg
 from charlm.config.schema import Config
 from charlm.data.corpus import Corpus
 from charlm.data.download import ensure_builtin_corpus
+from charlm.data.lines import LineCorpus
 from charlm.data.pairs import PairCorpus
 from charlm.errors import UsageError
 from charlm.families.registry import build_model
@@ -26,6 +27,7 @@ from charlm.progress import TrainReporter
 from charlm.storage.checkpoint import RUNS_DIR, Checkpoint, load_checkpoint
 from charlm.storage.run_folder import RunFolder, check_out_dir, make_out_dir
 from charlm.storage.run_state import TrainSummary
+from charlm.training.budget import BudgetRequest, plan_budget
 from charlm.training.finetune import finetune_config, finetune_tokenizer, init_model, load_source
 from charlm.training.loop import Trainer
 from charlm.training.metrics import require_loggers
@@ -70,12 +72,18 @@ class RunRequest:
     overwrite: bool = False
     init_from: str | Path | None = None
     extend_vocab: bool = False
+    budget: BudgetRequest | None = None  # --budget: the recipe is chosen once the corpus is there (training.budget)
 
     def run(
         self, *, quiet: bool = False, reporter: TrainReporter | None = None, stop: StopRequest | None = None
     ) -> TrainSummary | None:
+        config = self.config
+        if self.budget is not None:
+            reporter = reporter or TrainReporter(quiet)
+            check_out_dir(self.out_dir, self.resume, self.overwrite)  # a refused folder before the budget's line
+            config = self.budget.config(reporter.info)
         return run_training(
-            self.config,
+            config,
             self.out_dir,
             resume=self.resume,
             overwrite=self.overwrite,
@@ -98,12 +106,24 @@ def resolve_run(
     overwrite: bool = False,
     init_from: str | Path | None = None,
     extend_vocab: bool = False,
+    budget: str | None = None,
 ) -> RunRequest:
     """The one sequence the command line and the Python API share: the requested settings, then the run folder
-    (given, or runs/<config name>)."""
+    (given, or runs/<config name>). A `budget` ('10m') is checked here and picks its recipe when the run starts."""
+    planned = None
+    if budget is not None:
+        if resume:
+            raise UsageError(
+                "--budget picks a new run's recipe; a resumed run keeps its own (lengthen it with --max-seconds)"
+            )
+        if init_from is not None:
+            raise UsageError(
+                "--budget picks a model's shape and --init-from keeps its model's; give --max-seconds instead"
+            )
+        planned = plan_budget(budget, config_file, sets, options)
     settings, changes = requested_config(config_file, sets, options, resume)
     folder = Path(out_dir) if out_dir is not None else RUNS_DIR / Path(config_file or cfg.DEFAULT_CONFIG).stem
-    return RunRequest(folder, settings, changes, resume, overwrite, init_from, extend_vocab)
+    return RunRequest(folder, settings, changes, resume, overwrite, init_from, extend_vocab, planned)
 
 
 def requested_config(
@@ -249,13 +269,19 @@ def _build(
     training_dtype(config, device)  # refuses an impossible dtype before anything is loaded
     require_loggers(config)
     # Every rank asks for the prepared corpus; a lock lets the first prepare it while the others wait, then map it.
-    corpus: Corpus | PairCorpus
+    corpus: Corpus | PairCorpus | LineCorpus
     if config.data.format == "pairs":
         if source is not None:
             raise UsageError("--init-from starts from a text model; an encoder-decoder run starts fresh or resumes")
         hint = "a resumed run trains on lines made of its own characters"
         tokenizer = ckpt.tokenizer if ckpt is not None else None
         corpus = PairCorpus.from_config(config.data, config.model.block_size, tokenizer, reporter.info, hint)
+    elif config.data.format == "lines":
+        if source is not None:
+            raise UsageError("--init-from starts from a text model; a run on a list of lines starts fresh or resumes")
+        hint = "a resumed run trains on items made of its own characters"
+        tokenizer = ckpt.tokenizer if ckpt is not None else None
+        corpus = LineCorpus.from_config(config.data, config.model.block_size, tokenizer, reporter.info, hint)
     elif ckpt is not None:
         corpus = Corpus.from_config(
             config.data,

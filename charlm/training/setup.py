@@ -10,10 +10,8 @@ import torch
 from torch import nn
 
 from charlm.config.schema import Config
-from charlm.data.corpus import Corpus
-from charlm.data.pairs import PairCorpus
-from charlm.families.base import Batches
-from charlm.families.registry import family
+from charlm.families.base import AnyCorpus, Batches
+from charlm.families.registry import family_for
 from charlm.hardware.device import autocast_dtype
 from charlm.models.linear import use_onednn
 from charlm.progress import TrainReporter
@@ -67,6 +65,6 @@ def peak_memory_mb(device: torch.device) -> float:
     return rss / 2**20 if sys.platform == "darwin" else rss / 1024  # bytes on macOS, KiB on Linux
 
 
-def make_batches(config: Config, corpus: Corpus | PairCorpus, device: torch.device, seed: int) -> Batches:
+def make_batches(config: Config, corpus: AnyCorpus, device: torch.device, seed: int) -> Batches:
     """This rank's training batches, as the model's family makes them."""
-    return family(config.model.arch).batches(config, corpus, device, seed)
+    return family_for(config).batches(config, corpus, device, seed)

@@ -7,6 +7,8 @@ let modelName = "charlm";
 let apiKey = localStorage.getItem("charlm-api-key") || "";
 let running = null; // the AbortController of the completion being streamed
 let attentionData = null;
+let itemsModel = false; // a lines model (data.format lines): Generate makes whole items, the prompt begins each
+const ITEMS_SHOWN = 10;
 
 function headers() {
   const h = { "Content-Type": "application/json" };
@@ -51,9 +53,24 @@ async function describeModel() {
       `${card.context}, ${card.vocab_size} ${card.unit === "byte" ? "byte values" : "characters"}, ` +
       `${card.parameters.toLocaleString()} parameters`;
     $("top-k").max = card.vocab_size;
+    if (card.items && !itemsModel) describeItems(card);
   } catch (e) {
     $("model-info").textContent = "cannot describe the model: " + e.message;
   }
+}
+
+// A lines model makes whole items, each ended by its end symbol: the prompt is an item's beginning (empty by
+// default), the length slider only a cap up to the context, and Generate shows ITEMS_SHOWN items, one per line.
+function describeItems(card) {
+  itemsModel = true;
+  $("model-info").textContent += `; makes whole items (one per line), ${ITEMS_SHOWN} per Generate`;
+  for (const id of ["prompt", "score-text", "attn-prompt"]) {
+    $(id).value = "";
+    $(id).placeholder = id === "prompt" ? "an item's beginning (may be empty)" : "one item";
+  }
+  $("length").min = $("length").step = 1;
+  $("length").max = $("length").value = card.context - 1; // the longest item: the context less the start symbol
+  $("length").dispatchEvent(new Event("input"));
 }
 
 $("save-key").addEventListener("click", () => {
@@ -85,7 +102,9 @@ async function generate() {
   };
   if (Number($("top-k").value) > 0) body.top_k = Number($("top-k").value);
   if ($("seed").value !== "") body.seed = Number($("seed").value);
-  $("output-prompt").textContent = prompt;
+  if (itemsModel) body.n = ITEMS_SHOWN;
+  const texts = Array(body.n || 1).fill(""); // each choice's text so far, by index
+  $("output-prompt").textContent = itemsModel ? "" : prompt;
   $("continuation").textContent = "";
   $("generate").disabled = true;
   $("stop").disabled = false;
@@ -115,9 +134,11 @@ async function generate() {
         if (!line.startsWith("data: ") || line === "data: [DONE]") continue;
         const chunk = JSON.parse(line.slice(6));
         if (chunk.error) throw new Error(chunk.error.message);
-        const text = chunk.choices.map((c) => c.text).join("");
-        count += [...text].length;
-        $("continuation").textContent += text;
+        for (const choice of chunk.choices) {
+          texts[choice.index] += choice.text;
+          count += [...choice.text].length;
+        }
+        $("continuation").textContent = itemsModel ? texts.map((t) => prompt + t).join("\n") : texts[0];
       }
     }
     const seconds = (performance.now() - started) / 1000;

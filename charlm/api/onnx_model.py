@@ -1,0 +1,129 @@
+"""An ONNX export folder as a charlm Model run by onnxruntime, and the ONNX export itself: both registered with
+charlm.api.model (charlm.load and export find them there), so the torch API does not import them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from charlm.api import model as api
+from charlm.api.model import Model, load_model_file
+from charlm.data.tokenizer import UnknownPolicy
+from charlm.decoding.generate import SampleResult
+from charlm.decoding.options import DecodeOptions, field_name
+from charlm.decoding.stepped import sample_stepped, transduce_stepped
+from charlm.decoding.transduce import TransductionResult
+from charlm.errors import UsageError
+from charlm.storage.onnx_export import OnnxExport, Written, is_onnx_export, read_onnx_export
+from charlm.storage.onnx_runtime import OnnxForward
+
+
+class OnnxModel(Model):
+    """An ONNX export run by onnxruntime (charlm.storage.onnx_export): generate and evaluate (a decoder),
+    transduce greedily or sampled (an encoder-decoder), fill and evaluate (an encoder), with charlm's own windowing,
+    sampler, stop strings and scoring around the exported graphs; what needs the torch modules is refused."""
+
+    runtime = "onnxruntime"
+
+    def __init__(self, export: OnnxExport):
+        self.onnx = export.runtime
+        vocab = export.tokenizer.vocab_size
+        module: Any = OnnxForward(export.runtime, export.config.model, vocab)
+        super().__init__(module, export.tokenizer, export.config, export.path)
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device("cpu")
+
+    def torch_only(self, what: str) -> UsageError:
+        return UsageError(
+            f"{what} needs the torch model; {self.path} is an ONNX export: use a checkpoint or a safetensors export"
+        )
+
+    def sample(
+        self, prompt_ids: list[int], options: DecodeOptions, on_text: Callable[[str], None] | None = None
+    ) -> SampleResult:
+        self.decoder  # noqa: B018  (another family is refused in one line)
+        if options.compile or not options.use_cache:
+            raise self.torch_only("--compile" if options.compile else "--no-cache")
+        return sample_stepped(self.onnx.step, self.config.model, self.tokenizer, prompt_ids, options, on_text)
+
+    def transduce(
+        self,
+        sources: str | list[str],
+        beam: int = 1,
+        temperature: float = 0.0,
+        top_k: int | None = None,
+        top_p: float = 1.0,
+        seed: int | None = None,
+        unknown: UnknownPolicy = "error",
+        replace_with: str | None = None,
+    ) -> str | list[str]:
+        self.encoder_decoder  # noqa: B018
+        if beam > 1:
+            raise self.torch_only("beam search (--beam)")
+        many = [sources] if isinstance(sources, str) else list(sources)
+        ids = [self.encode_source(s, unknown, replace_with) for s in many]
+        room = self.config.model.block_size
+        options = DecodeOptions(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, max_new_tokens=room)
+        found = transduce_stepped(self.onnx.encode, self.onnx.target_step, ids, options.checked(field_name), room - 1)
+        targets = [self.tokenizer.decode(t) for t in found]
+        return targets[0] if isinstance(sources, str) else targets
+
+    def score(self, data: str | None = None, split: str | None = None, **options: Any) -> Any:
+        if self.family.rewrites_sources:  # scored by decoding whole targets: torch's transduction
+            raise self.torch_only("`charlm eval` of an encoder-decoder")
+        return super().score(data, split, **options)
+
+    def evaluate_pairs(self, *args: Any, **kwargs: Any) -> TransductionResult:
+        raise self.torch_only("evaluate_pairs")
+
+    def attention(self, prompt: str, unknown: UnknownPolicy = "error") -> torch.Tensor:
+        raise self.torch_only("attention maps")
+
+    def transduction_attention(self, source: str, unknown: UnknownPolicy = "error") -> dict[str, Any]:
+        raise self.torch_only("attention maps")
+
+
+def load_onnx(folder: Path, device: str, precision: str) -> OnnxModel | None:
+    """charlm.load of an ONNX export folder (None for any other path): float32, on onnxruntime's CPU provider."""
+    if not is_onnx_export(folder):
+        return None
+    if precision != "float32":
+        raise UsageError(f"--precision {precision} is for torch models; an ONNX export runs in float32")
+    if device not in ("auto", "cpu"):
+        raise UsageError(f"--device {device}: an ONNX export runs on onnxruntime's CPU provider; use --device cpu")
+    return OnnxModel(read_onnx_export(folder))
+
+
+def export_onnx(
+    checkpoint: str | Path, out_dir: str | Path, web: bool = False, runtime: str | Path | None = None,
+    overwrite: bool = False,
+) -> Written:  # fmt: skip
+    """The ONNX export (charlm.storage.onnx_export), checked against the torch model before it is written: what
+    was written, the largest logit difference and the greedy comparison."""
+    from charlm.storage.onnx_export import ONNX_FILES, check_target, write_onnx_export
+    from charlm.storage.web_export import WEB_NOTE, check_runtime, write_page
+
+    out = Path(out_dir)
+    if runtime is not None and not web:
+        raise UsageError("--runtime bundles onnxruntime-web with a web page: add --web")
+    check_target(out, overwrite)
+    bundled = check_runtime(Path(runtime)) if runtime is not None else None
+    ckpt = load_model_file(checkpoint)
+    model = Model.from_checkpoint(ckpt, "cpu")
+    if web and not model.family.continues_text:
+        raise model.family.refuse(model, "a decoder (--web makes a page that continues text)")
+    files = ONNX_FILES + ("\n\n" + WEB_NOTE if web else "")
+    page = (lambda folder: write_page(folder, bundled)) if web else None
+    card = lambda: model.family.card(model, ckpt.step, out, files)  # noqa: E731  (written once the graphs export)
+    return write_onnx_export(ckpt, model, model.family, out, card, overwrite, page)
+
+
+api.FOLDER_KINDS.append(load_onnx)
+api.EXPORT_FORMATS["onnx"] = lambda checkpoint, out_dir, web, runtime, overwrite: (
+    export_onnx(checkpoint, out_dir, web, runtime, overwrite).files
+)

@@ -1,0 +1,200 @@
+"""Item lists (data.format: lines): one item per line, read, checked, split by items, and batched whole with padding.
+
+Each line, stripped of the whitespace around it, is one item; a line left empty is skipped. An item is framed as the
+pairs format frames a target: the model reads BOS then the item and must predict the item then EOS (the special ids
+of charlm/data/tokenizer.py), so no item ever sits in another's sequence. Items longer than the context leaves room
+for, and items holding a reserved control character, are counted and the first few named; the file is refused unless
+data.skip_bad_lines is set. The split is by items: a shuffle seeded by SPLIT_SEED (the same for every run of a
+file), then the validation and test items are taken from the end, as the pairs format does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import torch
+
+from charlm.config.schema import DataConfig
+from charlm.data.corpus import IGNORE, read_text
+from charlm.data.records import RecordSplits
+from charlm.data.tokenizer import BOS, EOS, PAD, SPECIAL_CHARS, CharTokenizer, Tokenizer, UnknownPolicy
+from charlm.errors import UsageError
+
+Item = list[int]  # an item's ids, without BOS and EOS
+RESERVED = "holding a reserved control character (U+0000, U+0002 or U+0003)"
+
+
+def item_room(block_size: int) -> int:
+    """The longest item a model of this context learns whole: BOS and the item fill its positions, and the last
+    position predicts EOS."""
+    return block_size - 1
+
+
+def numbered_items(text: str) -> list[tuple[int, str]]:
+    """(line number, item) for every line that is not empty once stripped of the whitespace around it."""
+    lines = text.split("\n")
+    return [(number, line.strip()) for number, line in enumerate(lines, start=1) if line.strip()]
+
+
+def problem_list(problems: dict[str, list[int]]) -> str:
+    """'3 longer than ... (lines 4, 9, 12)' for each kind of problem, the first five line numbers of each."""
+    return "; ".join(
+        f"{len(numbers):,} {what} (line{'s' * (len(numbers) > 1)} {', '.join(map(str, numbers[:5]))}"
+        f"{', ...' if len(numbers) > 5 else ''})"
+        for what, numbers in problems.items()
+    )
+
+
+TRAINING_FIX = "shorten or remove them, raise model.block_size, or set data.skip_bad_lines=true to train on the rest"
+
+
+def check_items(
+    numbered: list[tuple[int, str]],
+    block_size: int,
+    skip_bad: bool,
+    where: str,
+    say: Callable[[str], None],
+    fix: str = TRAINING_FIX,
+) -> list[str]:
+    """The items that fit the context and hold no reserved character; the others refused in one line ending with
+    `fix` (or, with skip_bad, skipped and said)."""
+    room = item_room(block_size)
+    problems: dict[str, list[int]] = {}
+    items: list[str] = []
+    for number, item in numbered:
+        if len(item) > room:
+            problems.setdefault(f"longer than the context leaves room for ({room} characters)", []).append(number)
+        elif any(c in SPECIAL_CHARS for c in item):
+            problems.setdefault(RESERVED, []).append(number)
+        else:
+            items.append(item)
+    if problems:
+        described = problem_list(problems)
+        if not skip_bad:
+            raise UsageError(f"{where}: {described}; {fix}")
+        say(f"skipping {sum(map(len, problems.values())):,} lines of {where}: {described}")
+    return items
+
+
+def read_items(path: str | Path, block_size: int, skip_bad: bool, say: Callable[[str], None]) -> list[str]:
+    """The items of a file: its non-empty lines, stripped, every problem line reported at once."""
+    items = check_items(numbered_items(read_text(path)), block_size, skip_bad, str(path), say)
+    if not items:
+        raise UsageError(f"{path} holds no non-empty line to train on (data.format lines: one item per line)")
+    return items
+
+
+def items_tokenizer(items: list[str]) -> CharTokenizer:
+    """PAD, BOS, EOS, then every character of the items, sorted."""
+    return CharTokenizer(SPECIAL_CHARS + sorted({c for item in items for c in item}))
+
+
+def encode_items(
+    items: list[str],
+    tokenizer: Tokenizer,
+    unknown: UnknownPolicy = "error",
+    replacement: str | None = None,
+    hint: str = "",
+    where: str = "",
+) -> list[Item]:
+    """Items as ids of a model's vocabulary. Characters it lacks are refused, naming them; `skip` leaves out the
+    items that hold one, `replace` puts the replacement character in their place."""
+    known = set(tokenizer.chars)
+    unknown_chars = sorted({c for item in items for c in item} - known)
+    if unknown_chars and unknown == "error":
+        shown = ", ".join(f"{c!r} (U+{ord(c):04X})" for c in unknown_chars[:10])
+        more = f" and {len(unknown_chars) - 10} more" if len(unknown_chars) > 10 else ""
+        raise UsageError(
+            f"{where or 'the items'} hold{'s' * bool(where)} {len(unknown_chars)} character(s) the model has never "
+            f"seen: {shown}{more}" + (f"; {hint}" if hint else "")
+        )
+    if unknown == "skip":
+        return [tokenizer.encode(item) for item in items if set(item) <= known]
+    if unknown == "replace" and replacement is None:
+        replacement = " " if " " in known else tokenizer.chars[len(SPECIAL_CHARS)]  # a real character, never PAD
+    return [tokenizer.encode(item, unknown, replacement) for item in items]
+
+
+class LineCorpus(RecordSplits[Item]):
+    """An item list, encoded and split by items."""
+
+    unit = "items"
+
+    @classmethod
+    def from_config(
+        cls,
+        data: DataConfig,
+        block_size: int,
+        tokenizer: Tokenizer | None = None,
+        say: Callable[[str], None] = lambda _: None,
+        hint: str = "",
+        unknown: UnknownPolicy = "error",
+        replacement: str | None = None,
+    ) -> LineCorpus:
+        strings = read_items(data.path, block_size, data.skip_bad_lines, say)
+        tokenizer = tokenizer or items_tokenizer(strings)
+        encoded = encode_items(strings, tokenizer, unknown, replacement, hint, data.path)
+        return cls.shuffled(tokenizer, encoded, data)
+
+    def texts(self, name: str) -> set[str]:
+        """The items of a split as strings (what `charlm sample --novel` compares with)."""
+        decode = self.tokenizer.decode
+        return {decode(item) for item in self.split(name)}
+
+
+def frame(items: list[Item], device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    """(BOS + item, item + EOS), each (B, T) with T the longest item + 1: PAD after short inputs, IGNORE after short
+    targets. Each row is one item, and causal attention looks only backwards, so a position never sees padding or
+    another item."""
+    T = max(len(item) for item in items) + 1
+    inputs = torch.full((len(items), T), PAD, dtype=torch.long)
+    targets = torch.full((len(items), T), IGNORE, dtype=torch.long)
+    for i, item in enumerate(items):
+        inputs[i, : len(item) + 1] = torch.tensor([BOS, *item])
+        targets[i, : len(item) + 1] = torch.tensor([*item, EOS])
+    return inputs.to(device), targets.to(device)
+
+
+def in_length_order(items: list[Item], batch_size: int) -> Iterator[list[int]]:
+    """Indices of the items in batches of similar lengths (little padding), for scoring."""
+    order = sorted(range(len(items)), key=lambda i: len(items[i]))
+    for i in range(0, len(order), batch_size):
+        yield order[i : i + batch_size]
+
+
+class LineBatches:
+    """Training batches of whole items of similar lengths, drawn with a seeded generator (the pairs format's rule).
+
+    The items are ordered by length once. Each pass over them cuts that order into runs of batch_size neighbours
+    (from a random offset, so the cuts move) and takes the runs in a random order: a batch is padded little, and
+    every item is trained on once per pass. The generator, the pass's order and the place in it are what a resume
+    needs.
+    """
+
+    def __init__(self, items: list[Item], batch_size: int, device: torch.device, seed: int):
+        self.items, self.batch_size, self.device = items, min(batch_size, len(items)), device
+        self.by_length = sorted(range(len(items)), key=lambda i: len(items[i]))
+        self.generator = torch.Generator().manual_seed(seed)
+        self.order: list[int] = []  # where each run of this pass starts in by_length (the first may be negative)
+        self.cursor = 0
+        self.last_tokens = 0  # characters and end symbols of the last batch: what a step trained on
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.cursor >= len(self.order):  # a new pass
+            offset = int(torch.randint(self.batch_size, (1,), generator=self.generator))
+            starts = list(range(-offset, len(self.items), self.batch_size))
+            self.order = [starts[i] for i in torch.randperm(len(starts), generator=self.generator).tolist()]
+            self.cursor = 0
+        start = self.order[self.cursor]
+        self.cursor += 1
+        batch = [self.items[i] for i in self.by_length[max(start, 0) : start + self.batch_size]]
+        self.last_tokens = sum(len(item) + 1 for item in batch)
+        return frame(batch, self.device)
+
+    def state_dict(self) -> dict:
+        return {"generator": self.generator.get_state(), "order": list(self.order), "cursor": self.cursor}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.generator.set_state(state["generator"])
+        self.order, self.cursor = list(state.get("order", [])), int(state.get("cursor", 0))

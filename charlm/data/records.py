@@ -1,0 +1,56 @@
+"""A file of independent records (paired lines, list items) split by records: a seeded shuffle, then the validation
+and test records taken from the end, so a record is never cut and every run of a file splits it alike."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Any, ClassVar, Generic, TypeVar
+
+from charlm.config.schema import DataConfig
+from charlm.data.corpus import split_sizes
+from charlm.data.tokenizer import Tokenizer
+from charlm.errors import UsageError
+
+SPLIT_SEED = 0  # fixed: the split is the file's, not the run's (a resumed or compared run sees the same records)
+
+Record = TypeVar("Record")
+
+
+@dataclass
+class RecordSplits(Generic[Record]):
+    """A file's records, encoded and split."""
+
+    unit: ClassVar[str] = "records"  # what messages call a record: lines, items
+
+    tokenizer: Tokenizer
+    train: list[Record]
+    val: list[Record]
+    test: list[Record]
+    source: str = ""
+
+    @classmethod
+    def shuffled(cls, tokenizer: Tokenizer, records: list[Any], data: DataConfig) -> Any:
+        """The records shuffled with SPLIT_SEED and cut into train, val and test by data's fractions or sizes."""
+        random.Random(SPLIT_SEED).shuffle(records)
+        n_train, n_val, _ = split_sizes(len(records), data, data.path, cls.unit)
+        return cls(
+            tokenizer, records[:n_train], records[n_train : n_train + n_val], records[n_train + n_val :], data.path
+        )
+
+    def split(self, name: str) -> list[Record]:
+        if name == "all":
+            return self.train + self.val + self.test
+        if name not in ("train", "val", "test"):
+            raise UsageError(f"split must be one of train, val, test or all, got {name!r}")
+        if name == "test" and not self.test:
+            raise UsageError(f"{self.source} has no test split: set data.test_fraction or data.test_size when training")
+        return getattr(self, name)
+
+    def check_windows(self, block_size: int, source: str) -> None:
+        for name in ("train", "val"):
+            if not getattr(self, name):
+                raise UsageError(
+                    f"{source} has too few {self.unit}: its {name} split is empty; add lines or change "
+                    "data.val_fraction"
+                )

@@ -1,0 +1,325 @@
+"""The lines family (model.arch decoder with data.format lines): a GPT trained on whole items, one per line, each
+between the start and end symbols; scored per character with the end symbol counted and per item, used to make
+more items like them (makemore's task)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any, cast
+
+import torch
+from torch import nn
+
+from charlm.config.schema import Config, ModelConfig
+from charlm.data.corpus import decode_utf8
+from charlm.data.lines import LineBatches, LineCorpus, check_items, encode_items, item_room, numbered_items
+from charlm.data.tokenizer import BOS, EOS, PAD, SPECIAL_CHARS, UnknownPolicy
+from charlm.decoding.generate import SampleResult
+from charlm.decoding.items import ItemFrame, sample_items
+from charlm.decoding.options import DecodeOptions
+from charlm.errors import UsageError
+from charlm.evaluation.items import ItemsResult, item_logprobs, items_total, score_items
+from charlm.evaluation.loss import EvalResult
+from charlm.families.base import AnyCorpus, Family, Loaded, data_name, num_params, optimizer_name, same_file
+from charlm.families.losses import RankShare
+from charlm.hardware.distributed import Dist
+from charlm.models.decoder import GPT
+from charlm.models.info import ModelInfo, decoder_info
+
+END = "⟨end⟩"  # how the end symbol is shown where a character would be
+
+
+class LinesFamily(Family):
+    """The decoder's module and shape; its own data, scores and uses."""
+
+    name = "decoder"
+    noun = "a lines decoder"
+    does = "it makes whole items, one per line: charlm sample CKPT --num-samples N (a --prompt begins each item)"
+    module_type = GPT
+    makes_items = True
+    scored_by = "a lines model is scored item by item: use score() (charlm eval) or score_items() (charlm score)"
+
+    def batches(self, config: Config, corpus: AnyCorpus, device: torch.device, seed: int) -> LineBatches:
+        return LineBatches(cast(LineCorpus, corpus).train, config.train.batch_size, device, seed)
+
+    def periodic_losses(
+        self, config: Config, corpus: AnyCorpus, device: torch.device, amp: torch.dtype | None, dist: Dist
+    ) -> ItemLosses:
+        return ItemLosses(config, cast(LineCorpus, corpus), device, amp, dist)
+
+    def final_pass(
+        self, model: nn.Module, corpus: AnyCorpus, config: Config, device: torch.device, amp: torch.dtype | None
+    ) -> tuple[EvalResult, bool]:
+        total, count = items_total(model, cast(LineCorpus, corpus).val, device, amp_dtype=amp)  # every item whole
+        return EvalResult(total / count, count, "val", config.data.path), True
+
+    def score(self, loaded: Loaded, data: str | None, split: str | None, options: dict[str, Any]) -> ItemsResult:
+        if options.get("beam", 1) != 1:
+            raise UsageError("--beam is for encoder-decoder models; a lines model's items are scored whole")
+        if options.get("stride") is not None:
+            raise UsageError("--stride slides windows over a text; a lines model scores each item whole")
+        keys = ("unknown", "replace_with", "batch_size")
+        return evaluate_items(loaded, data, split, **{k: options[k] for k in keys if k in options})
+
+    def info(self, config: ModelConfig, vocab_size: int) -> ModelInfo:
+        return decoder_info(config, vocab_size)
+
+    def onnx_graphs(self, module: nn.Module) -> Any:
+        # The ONNX runtime's decoding loop knows nothing of start and end symbols: its samples would not be items.
+        raise UsageError("a lines model has no ONNX export yet: export it as safetensors (leave out --format onnx)")
+
+    def onnx_check(self, loaded: Loaded, runtime: Any) -> Any:
+        return self.onnx_graphs(loaded.module)
+
+    def as_decoder(self, loaded: Loaded) -> GPT:
+        return cast(GPT, loaded.module)
+
+    def as_lines(self, loaded: Loaded) -> GPT:
+        return self.as_decoder(loaded)
+
+    def attention_module(self, loaded: Loaded) -> GPT:
+        return self.as_decoder(loaded)
+
+    def item_frame(self, loaded: Loaded) -> ItemFrame:
+        return ItemFrame(BOS, EOS, (PAD, BOS), loaded.config.model.block_size)
+
+    def encode_prompt(
+        self, loaded: Loaded, prompt: str, unknown: UnknownPolicy = "error", replace_with: str | None = None
+    ) -> list[int]:
+        """An item's beginning: empty (a whole item), or characters the model knows that leave room for one more."""
+        if any(c in SPECIAL_CHARS for c in prompt) or replace_with in SPECIAL_CHARS:
+            raise UsageError("the prompt may not hold U+0000, U+0002 or U+0003 (the padding, start and end symbols)")
+        hint = "use --unknown skip or --unknown replace to accept them"
+        if unknown == "skip":  # the prompt's unknown characters are dropped, not the prompt
+            prompt = "".join(c for c in prompt if c in loaded.tokenizer.chars)
+        ids = encode_items([prompt], loaded.tokenizer, unknown, replace_with, hint, "the prompt")[0]
+        room = item_room(loaded.config.model.block_size)
+        if len(ids) > room:
+            raise UsageError(
+                f"the prompt has {len(ids)} characters, but this model's items hold at most {room} (its context "
+                "less the start symbol): shorten it"
+            )
+        return ids
+
+    def sample(
+        self, loaded: Loaded, prompt_ids: list[int], options: DecodeOptions, on_text: Any = None
+    ) -> SampleResult:
+        module, frame = self.as_lines(loaded), self.item_frame(loaded)
+        return sample_items(module, loaded.tokenizer, frame, prompt_ids, options, on_text).as_samples()
+
+    def surprisal(self, loaded: Loaded, ids: list[int]) -> tuple[list[str], list[float | None]]:
+        """Each character of one item and its end symbol, every one predicted (the first from the start symbol)."""
+        if len(ids) > item_room(loaded.config.model.block_size):
+            raise UsageError(f"an item holds at most {item_room(loaded.config.model.block_size)} characters")
+        return item_surprisal(self.as_lines(loaded), loaded, ids)
+
+    def card(self, loaded: Loaded, steps: int, folder: Path, files: str) -> str:
+        try:
+            scores: dict[str, Any] | None = evaluate_items(loaded).to_dict()
+        except UsageError:  # the training list is not here: the card says so
+            scores = None
+        options = DecodeOptions.from_config(loaded.config.sample, num_samples=10, seed=1)
+        items = self.sample(loaded, [], options).samples
+        return lines_card(loaded, steps, scores, items, folder, files)
+
+
+class ItemLosses(RankShare):
+    """The first train.eval_windows items of each (shuffled) split, every character and end symbol."""
+
+    def __init__(self, config: Config, corpus: LineCorpus, device: torch.device, amp: torch.dtype | None, dist: Dist):
+        super().__init__(device, dist)
+        n = config.train.eval_windows
+        self.train, self.val, self.amp = corpus.train[:n], corpus.val[:n], amp
+
+    def losses(self, model: nn.Module, step: int) -> tuple[float, float]:
+        return self._loss(model, self.train), self._loss(model, self.val)
+
+    def _loss(self, model: nn.Module, items: list) -> float:
+        mine = items[self.dist.rank :: self.dist.world_size]
+        return self.mean(*items_total(model, mine, self.device, amp_dtype=self.amp))
+
+
+@torch.no_grad()
+def item_surprisal(module: GPT, loaded: Loaded, ids: list[int]) -> tuple[list[str], list[float | None]]:
+    x = torch.tensor([[BOS, *ids]], device=loaded.device)
+    logits = module(x)[0][0].float()  # (T, V)
+    nats = torch.nn.functional.cross_entropy(logits, torch.tensor([*ids, EOS], device=loaded.device), reduction="none")
+    return [loaded.tokenizer.decode([i]) for i in ids] + [END], list(nats.tolist())
+
+
+def line_corpus(
+    loaded: Loaded, path: str | None = None, unknown: UnknownPolicy = "error", replace_with: str | None = None
+) -> LineCorpus:
+    """A file read and split as the model's own list was (the model's own list when path is None)."""
+    data = dataclasses.replace(loaded.config.data, path=path or loaded.config.data.path)
+    hint = "use --unknown skip to leave out the items that hold them"
+    block_size = loaded.config.model.block_size
+    return LineCorpus.from_config(
+        data, block_size, loaded.tokenizer, hint=hint, unknown=unknown, replacement=replace_with
+    )
+
+
+def evaluate_items(
+    loaded: Loaded,
+    path: str | Path | None = None,
+    split: str | None = None,
+    unknown: UnknownPolicy = "error",
+    replace_with: str | None = None,
+    batch_size: int = 256,
+) -> ItemsResult:
+    """charlm eval: the loss per character (the end symbol counted) and per item over a split of a list (default:
+    the validation split of the model's own list, all of any other file)."""
+    own = loaded.config.data.path
+    given = str(path) if path is not None else own
+    split = split or ("val" if same_file(given, own) else "all")
+    corpus = line_corpus(loaded, given, unknown, replace_with)
+    items = corpus.split(split)
+    if not items:
+        raise UsageError(f"the {split} split of {given} holds no item to score")
+    texts = [loaded.tokenizer.decode(item) for item in items]
+    with loaded.scoring_kernels():
+        result = score_items(loaded.family.as_lines(loaded), items, texts, loaded.device, batch_size)
+    result.split, result.file, result.scores = split, given, []
+    return result
+
+
+def read_candidates(source: str) -> tuple[str, str]:
+    """The text of a file to score (- reads standard input), and how messages name it."""
+    import sys
+
+    if source == "-":
+        return decode_utf8(sys.stdin.buffer.read(), "standard input"), "standard input"
+    path = Path(source)
+    if not path.is_file():
+        problem = "is a directory" if path.is_dir() else "not found"
+        raise UsageError(f"file to score {problem}: {path} (give a UTF-8 file, one item per line, or - for stdin)")
+    try:
+        return decode_utf8(path.read_bytes(), f"file {path}"), str(path)
+    except OSError as e:
+        raise UsageError(f"cannot read {path}: {e.strerror}") from None
+
+
+def score_lines(
+    loaded: Loaded,
+    text: str,
+    where: str = "the text",
+    unknown: UnknownPolicy = "error",
+    replace_with: str | None = None,
+    batch_size: int = 256,
+) -> ItemsResult:
+    """charlm score: every non-empty line of a text as one item, its log-likelihood and nats per character, in the
+    text's order; a line too long for the model or with characters it never saw is refused by number (`--unknown
+    skip` leaves the latter out)."""
+    module = loaded.family.as_lines(loaded)
+    numbered = numbered_items(text)
+    fix = "shorten or remove them (each line is one item of this model)"
+    strings = check_items(numbered, loaded.config.model.block_size, False, where, lambda _: None, fix)
+    known = set(loaded.tokenizer.chars)
+    if unknown == "skip":
+        strings = [s for s in strings if set(s) <= known]
+    for number, item in numbered if unknown == "error" else []:
+        if missing := sorted(set(item) - known):
+            shown = ", ".join(f"{c!r} (U+{ord(c):04X})" for c in missing[:10])
+            raise UsageError(
+                f"line {number} of {where} holds character(s) the model has never seen: {shown}; use --unknown "
+                "skip to leave such lines out"
+            )
+    if not strings:
+        raise UsageError(f"{where} holds no line to score (one item per line; empty lines are skipped)")
+    items = encode_items(strings, loaded.tokenizer, unknown, replace_with)
+    with loaded.scoring_kernels():
+        result = score_items(module, items, strings, loaded.device, batch_size)
+    result.file = where
+    return result
+
+
+def draw_items(
+    loaded: Loaded,
+    prompt: str,
+    options: DecodeOptions,
+    novel: bool = False,
+    unknown: UnknownPolicy = "error",
+    replace_with: str | None = None,
+) -> dict[str, Any]:
+    """charlm sample on a lines model: options.num_samples items, each with its log-likelihood (items cut by a stop
+    string or a cap have none); `novel` keeps those that are not training items and says what share was new."""
+    family = loaded.family
+    module, frame = family.as_lines(loaded), family.item_frame(loaded)  # another family is refused in one line
+    prefix = family.encode_prompt(loaded, prompt, unknown, replace_with)
+    seen = training_items(loaded) if novel else set()
+    draws = sample_items(module, loaded.tokenizer, frame, prefix, options)
+    whole = [i for i, item in enumerate(draws.items) if item.ended == "end"]
+    ids = [loaded.tokenizer.encode(draws.items[i].text) for i in whole]
+    logprobs = dict(zip(whole, item_logprobs(module, ids, loaded.device) if ids else [], strict=True))
+    rows = [
+        {
+            "text": item.text,
+            "logprob": logprobs.get(i),
+            "per_char": -logprobs[i] / (len(item.text) + 1) if i in logprobs else None,
+            "ended": item.ended,
+        }
+        for i, item in enumerate(draws.items)
+    ]
+    out: dict[str, Any] = {"sampled": len(rows), "chars_per_s": draws.drawn / max(draws.seconds, 1e-9)}
+    if novel:
+        new = [row for row in rows if row["text"] not in seen]
+        out |= {"new": len(new), "new_share": len(new) / len(rows)}
+        rows = new
+    return {"items": rows, **out}
+
+
+def training_items(loaded: Loaded) -> set[str]:
+    """The training split's items, read again from the model's list (its split is the same every time)."""
+    try:
+        return line_corpus(loaded).texts("train")
+    except UsageError as e:
+        raise UsageError(f"--novel compares with the training items of {loaded.config.data.path}: {e}") from None
+
+
+def lines_card(
+    loaded: Loaded, steps: int, scores: dict[str, Any] | None, items: list[str], folder: Path, files: str
+) -> str:
+    m, t = loaded.config.model, loaded.config.train
+    data = data_name(loaded.config)
+    quality = (
+        f"validation split of `{data}`: **{scores['loss']:.4f} nats per character** (each item's end symbol "
+        f"counted), {scores['bpc']:.4f} bits; mean log-likelihood {scores['mean_logprob']:.3f} nats per item"
+        if scores
+        else f"not measured here: the training list `{data}` was not found at export time"
+    )
+    shown = "\n".join(items)
+    return f"""# charlm model of item lists
+
+A decoder-only Transformer that makes more items like those of `{data}` (one per line), over
+{loaded.tokenizer.vocab_size - len(SPECIAL_CHARS)} characters and ids 0, 1, 2 (padding, start, end), trained with
+charlm.
+
+| | |
+|---|---|
+| shape | {m.n_layer} layers, {m.n_head} heads, {m.n_embd} wide, items of up to {item_room(m.block_size)} characters |
+| parameters | {num_params(loaded.module):,} |
+| training | {steps:,} steps of batch {t.batch_size} x {t.grad_accum} items, {optimizer_name(t)} ({t.lr_schedule}) |
+| quality | {quality} |
+
+## Use it
+
+```bash
+charlm sample {folder} --num-samples 20 --novel     # new items, with the share that were not training items
+charlm score candidates.txt {folder} --sort         # rank your own candidates, one per line
+```
+
+```python
+import charlm
+model = charlm.load("{folder}")
+print(model.generate("", seed=1))                   # one whole item; a prompt is its beginning
+```
+
+{files}
+
+## Ten items (seed 1, temperature {loaded.config.sample.temperature:g})
+
+```text
+{shown}
+```
+"""

@@ -1,0 +1,229 @@
+"""`charlm train --budget 10m`: the model and learning rates for a time budget and a corpus's size, from one table.
+
+The rule is one dial, as nanochat has one (its depth sets width, batch and learning rates): the budget sets the depth,
+the depth sets the width (24 per layer, rounded up to whole heads of 32) and the learning rates (AdamW-sized rates
+scaled by 1/sqrt(width), nanochat's rule), and the corpus's size sets the dropout (how many times the run would go
+over its training split). Everything else is configs/cpu.yaml's recipe, which the row for 100 s reproduces exactly.
+
+Where the table comes from is docs/benchmarks.md ("Recipes for a time budget"): the default 4 x 96 recipe is the best
+measured at 100 s, and neither 5 layers nor 128 wide beat it there: a bigger model sees fewer characters in the time.
+So the depth stays 4 up to 5 minutes and grows after that as compute-optimal scaling has it (parameters as the square
+root of compute; depth x width^2 with width following depth: depth as compute's sixth root, 4 at 300 s). Every row
+but the 100 s one is that extrapolation until the study that docs/benchmarks.md describes replaces it.
+
+Keys the user sets (with --set, a first-class option, or in a --config file other than the default's) win, and the
+header line says which were kept. The budget owns train.max_seconds (refused beside an explicit one) and turns the
+step limit off unless the command line gives one.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from charlm.config import schema as cfg
+from charlm.config.schema import Config
+from charlm.data.download import ensure_builtin_corpus
+from charlm.data.prepare import source_files
+from charlm.errors import UsageError
+from charlm.families.registry import family, family_for
+
+UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
+_BUDGET = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([smh])\s*$")
+
+
+@dataclass(frozen=True)
+class Row:
+    """One line of the table: budgets up to `up_to_s` seconds train a model `depth` layers deep."""
+
+    up_to_s: float
+    depth: int
+    eval_interval: int  # evaluations cost training time: a longer run needs them less often
+
+
+# The rule's table (docs/benchmarks.md, "Recipes for a time budget", says where each row comes from).
+TABLE = (
+    Row(60.0, 3, 250),
+    Row(300.0, 4, 250),  # configs/cpu.yaml's model: measured best at 100 s, where bigger ones did worse
+    Row(1200.0, 5, 500),  # from here on, depth = 4 x (budget / 300 s)^(1/6), rounded to these boundaries
+    Row(3600.0, 6, 1000),
+    Row(9000.0, 7, 1000),
+    Row(math.inf, 8, 2000),
+)
+HEAD_SIZE = 32  # configs/cpu.yaml's heads: RoPE needs it even, and fewer, wider heads cost the CPU's attention less
+REFERENCE_WIDTH = 96  # the width whose learning rates configs/cpu.yaml tuned
+# Characters a second of the 4 x 96 default on a 2-core CPU (docs/training.md's run), for the epochs estimate only.
+REFERENCE_CHARS_PER_S = 31_000.0
+# Dropout by how many times the run would go over its training split: up to 4 epochs repeated text is nearly as good
+# as new (Muennighoff et al. 2023), so none; then some, as nanoGPT's Shakespeare recipe has (0.2).
+DROPOUT_BY_EPOCHS = ((4.0, 0.0), (16.0, 0.1), (math.inf, 0.2))
+# Start-up and the final validation pass come out of the budget: 7% of it (configs/cpu.yaml's 93 s of 100), at most
+# a minute.
+RESERVE_FRACTION, RESERVE_MAX_S = 0.07, 60.0
+
+# configs/cpu.yaml's recipe apart from what the dial sets; a test checks that the 100 s row gives that file's values.
+FIXED = {
+    "model.block_size": 128,
+    "model.pos_encoding": "rope",
+    "model.activation": "swiglu",
+    "model.tie_weights": False,
+    "model.token_shift": True,
+    "train.batch_size": 16,
+    "train.optimizer": "muon",
+    "train.muon_adjust_lr": "match_rms_adamw",
+    "train.embed_lr": 2.0e-2,
+    "train.min_lr": 1.0e-5,
+    "train.lr_schedule": "linear",
+    "train.warmup_steps": 100,
+    "train.eval_windows": 128,
+}
+REFERENCE_LR, REFERENCE_HEAD_LR = 5.0e-3, 2.0e-3
+
+
+def parse_budget(text: str, flag: str = "--budget") -> float:
+    """'300s', '10m', '1.5h' -> seconds; anything else is refused in one line."""
+    match = _BUDGET.match(text)
+    if not match:
+        raise UsageError(f"{flag} {text!r} is not a duration: give a number and a unit, e.g. 300s, 10m or 1h")
+    seconds = float(match.group(1)) * UNITS[match.group(2)]
+    if seconds < 10:
+        raise UsageError(f"{flag} {text!r} is too short to train anything: give at least 10s")
+    return seconds
+
+
+def width_for(depth: int) -> int:
+    return HEAD_SIZE * math.ceil(3 * depth / 4)
+
+
+def row_for(seconds: float) -> Row:
+    return next(row for row in TABLE if seconds <= row.up_to_s)
+
+
+def training_seconds(seconds: float) -> float:
+    """The loop's share of a wall-clock budget (train.max_seconds)."""
+    return round(seconds - min(seconds * RESERVE_FRACTION, RESERVE_MAX_S), 1)
+
+
+def expected_epochs(seconds: float, depth: int, width: int, train_chars: int) -> float:
+    """How many times a model this deep and wide would go over its training split in the budget: the default's
+    speed, scaled by the matrices' work per character (depth x width^2)."""
+    reference = TABLE[1].depth * REFERENCE_WIDTH**2
+    chars = REFERENCE_CHARS_PER_S * training_seconds(seconds) * reference / (depth * width**2)
+    return chars / max(train_chars, 1)
+
+
+def _sig2(x: float) -> float:
+    return float(f"{x:.2g}")
+
+
+def recipe_for(seconds: float, train_chars: int, kept: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Every key the rule sets for this budget and a training split of this many characters; `kept` holds the
+    user's own model.n_layer and model.n_embd, if given, for the dropout to follow the model that will train."""
+    kept = kept or {}
+    row = row_for(seconds)
+    width = width_for(row.depth)
+    scale = math.sqrt(REFERENCE_WIDTH / width)
+    depth_run, width_run = kept.get("model.n_layer", row.depth), kept.get("model.n_embd", width)
+    dropout = dropout_for(expected_epochs(seconds, depth_run, width_run, train_chars))
+    return {
+        **FIXED,
+        "model.n_layer": row.depth,
+        "model.n_embd": width,
+        "model.n_head": width // HEAD_SIZE,
+        "model.dropout": dropout,
+        "train.lr": _sig2(REFERENCE_LR * scale),
+        "train.muon_lr": _sig2(REFERENCE_LR * scale),
+        "train.head_lr": _sig2(REFERENCE_HEAD_LR * scale),
+        "train.eval_interval": row.eval_interval,
+        "train.max_seconds": training_seconds(seconds),
+        "train.max_steps": 0,
+    }
+
+
+def dropout_for(epochs: float) -> float:
+    return next(p for limit, p in DROPOUT_BY_EPOCHS if epochs <= limit)
+
+
+def train_characters(config: Config) -> int:
+    """The training split's size in characters, estimated from the files' bytes (the same for mostly-ASCII text)."""
+    total = sum(f.stat().st_size for f in source_files(Path(config.data.path)))
+    d = config.data
+    held = (d.val_size or round(total * d.val_fraction)) + (d.test_size or round(total * d.test_fraction))
+    return max(total - held, 0)
+
+
+@dataclass
+class BudgetRequest:
+    """A --budget resolved as far as it can be before the run: parsed, checked against the other settings. The recipe
+    itself waits for the corpus (a built-in one is downloaded first), in `config`."""
+
+    text: str
+    seconds: float
+    config_file: str | None
+    sets: list[str]
+    options: cfg.Options
+    user_keys: dict[str, str] = field(default_factory=dict)  # key -> where the user gave it
+
+    def config(self, say: Callable[[str], None]) -> Config:
+        """The run's configuration: the rule's keys where the user gave none; says what was chosen in one line."""
+        base = cfg.load_config(self.config_file or cfg.DEFAULT_CONFIG, self.sets, self.options)
+        ensure_builtin_corpus(base.data.path, say)
+        chars = train_characters(base)
+        recipe = recipe_for(self.seconds, chars, {k: v for k, v in base.flat().items() if k in self.user_keys})
+        chosen = {k: v for k, v in recipe.items() if k not in self.user_keys}
+        options = {**self.options, **{k: ("--budget", v) for k, v in chosen.items()}}
+        config = cfg.load_config(self.config_file or cfg.DEFAULT_CONFIG, self.sets, options)
+        say(self.describe(config, chars, sorted(k for k in recipe if k in self.user_keys)))
+        return config
+
+    def describe(self, config: Config, chars: int, kept: list[str]) -> str:
+        m, t = config.model, config.train
+        row = row_for(self.seconds)
+        epochs = expected_epochs(self.seconds, m.n_layer, m.n_embd, chars)
+        limit = "any budget" if math.isinf(row.up_to_s) else f"budgets up to {_duration(row.up_to_s)}"
+        mine = config.flat()
+        yours = "; yours kept: " + ", ".join(f"{k}={mine[k]}" for k in kept) if kept else ""
+        layers = f"{m.n_layer} layer{'s' if m.n_layer > 1 else ''}"
+        return (
+            f"budget {self.text}: {t.max_seconds:g} s of training; for {limit} (charlm/training/budget.py) "
+            f"{layers} x {m.n_embd} wide, {m.n_head} heads, dropout {m.dropout:g} (~{epochs:.0f} epochs of "
+            f"{chars:,} training characters), lr {t.lr:.2g}, evaluations every {t.eval_interval} steps{yours}"
+        )
+
+
+def _duration(seconds: float) -> str:
+    if seconds % 3600 == 0:
+        return f"{seconds / 3600:g} h"
+    return f"{seconds / 60:g} min" if seconds >= 120 else f"{seconds:g} s"
+
+
+def plan_budget(text: str, config_file: str | None, sets: list[str], options: cfg.Options) -> BudgetRequest:
+    """Check a --budget against the command's other settings (one line for each mistake) before anything runs."""
+    seconds = parse_budget(text)
+    user_keys = {s.key: s.source for s in map(cfg.parse_set, sets)}
+    user_keys |= {key: flag for key, (flag, value) in options.items() if value is not None}
+    if "train.max_seconds" in user_keys:
+        raise UsageError(
+            f"--budget {text} sets train.max_seconds, and {user_keys['train.max_seconds']} gives it too; keep one"
+        )
+    base = cfg.load_config(config_file or cfg.DEFAULT_CONFIG, sets, options)  # every other mistake, said as usual
+    run_family = family_for(base)
+    if run_family is not family("decoder"):  # the lines family is a decoder too, on other batches
+        raise UsageError(
+            f"--budget picks the recipe of a decoder on running text, not of {run_family.noun or 'this run'}; for "
+            "this run set train.max_seconds yourself"
+        )
+    # A config the user chose: its keys are theirs, but for the limits the budget owns. The default config's are not:
+    # the rule's 100 s row is that recipe, so naming it (as charlm.train does) changes nothing.
+    default = cfg.find_config(cfg.DEFAULT_CONFIG).resolve()
+    if config_file is not None and cfg.find_config(config_file).resolve() != default:
+        raw = cfg.read_yaml_file(cfg.find_config(config_file))
+        settings, _ = cfg.file_settings(raw, config_file)
+        for s in settings:
+            if s.key not in ("train.max_seconds", "train.max_steps"):
+                user_keys.setdefault(s.key, s.source)
+    return BudgetRequest(text, seconds, config_file, list(sets), dict(options), user_keys)

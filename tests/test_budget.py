@@ -1,0 +1,99 @@
+"""`charlm train --budget` and `charlm.train(budget=...)`: the duration parsed or refused, the rule's table (the 100 s
+row is configs/cpu.yaml), the user's own keys kept, and the header line that says what was chosen."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+from conftest import assert_one_line_error, run_cli
+
+from charlm.config.schema import load_config
+from charlm.config.sources import find_config
+from charlm.training.budget import TABLE, parse_budget, recipe_for
+
+TINY_SHAKESPEARE_TRAIN_CHARS = 1_115_394 - 111_539  # the whole file less its 10% validation split
+
+
+@pytest.mark.parametrize("text, seconds", [("300s", 300), ("10m", 600), ("1h", 3600), ("1.5h", 5400), (" 90s ", 90)])
+def test_a_budget_is_a_number_and_a_unit(text, seconds):
+    assert parse_budget(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["10", "10x", "-5m", "m", "", "1e3s", "ten minutes", "5s"])
+def test_a_malformed_budget_is_refused_in_one_line(tmp_path, text):
+    result = run_cli("train", "--budget", text, "--out-dir", tmp_path / "run")
+    assert_one_line_error(result, 2, "--budget", repr(text))
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("flag", [["--max-seconds", "30"], ["--set", "train.max_seconds=30"]])
+def test_a_budget_beside_an_explicit_time_limit_is_refused(tmp_path, flag):
+    result = run_cli("train", "--budget", "10m", *flag, "--out-dir", tmp_path / "run")
+    assert_one_line_error(result, 2, "--budget 10m sets train.max_seconds", flag[0], "keep one")
+
+
+def test_a_budget_is_refused_for_a_resumed_run_and_another_family(tmp_path):
+    assert_one_line_error(run_cli("train", "--budget", "10m", "--resume"), 2, "--budget", "resumed run")
+    result = run_cli("train", "--budget", "10m", "--config", "g2p", "--out-dir", tmp_path / "run")
+    assert_one_line_error(result, 2, "--budget", "decoder", "train.max_seconds yourself")
+
+
+def test_the_100_s_row_is_the_default_recipe():
+    """On tiny-shakespeare, every key configs/cpu.yaml sets (its corpus aside) is what the rule picks for 100 s."""
+    shipped = yaml.safe_load(load_config("cpu").to_yaml())
+    cpu_yaml = yaml.safe_load(find_config("cpu").read_text())
+    recipe = recipe_for(100, TINY_SHAKESPEARE_TRAIN_CHARS)
+    keys = [f"{section}.{key}" for section, body in cpu_yaml.items() for key in body if section != "data"]
+    assert len(keys) > 20
+    assert {k: recipe[k] for k in keys} == {k: shipped[k.split(".")[0]][k.split(".")[1]] for k in keys}
+
+
+def test_the_rule_grows_the_model_with_the_budget_and_the_dropout_as_the_corpus_shrinks():
+    depths = [row.depth for row in TABLE]
+    assert depths == sorted(depths) and recipe_for(300, TINY_SHAKESPEARE_TRAIN_CHARS)["model.n_layer"] == 4
+    ten_minutes, hour = recipe_for(600, 100_000_000), recipe_for(3600, 100_000_000)
+    assert (ten_minutes["model.n_layer"], ten_minutes["model.n_embd"], ten_minutes["model.n_head"]) == (5, 128, 4)
+    assert (hour["model.n_layer"], hour["model.n_embd"], hour["model.n_head"]) == (6, 160, 5)
+    assert hour["train.lr"] < ten_minutes["train.lr"] < recipe_for(100, 100_000_000)["train.lr"]
+    assert hour["model.dropout"] == 0.0  # 100 MB: the run never goes over it more than a few times
+    assert recipe_for(3600, TINY_SHAKESPEARE_TRAIN_CHARS)["model.dropout"] == 0.2  # ~26 epochs of 1 MB
+    assert ten_minutes["train.max_seconds"] == 558 and hour["train.max_seconds"] == 3540
+
+
+def test_the_user_keys_win_and_the_header_line_says_what_was_chosen(tmp_path, corpus):
+    run = tmp_path / "run"
+    args = ["--budget", "10m", "--data", corpus, "--out-dir", run, "--set", "model.n_layer=1", "--max-steps", 2]
+    result = run_cli("train", *args, "--json", check=True)
+    header = result.stderr.splitlines()[0]
+    assert header.startswith("budget 10m: 558 s of training; for budgets up to 20 min"), header
+    assert "1 layer x 128 wide, 4 heads, dropout 0.2" in header
+    assert header.endswith("yours kept: model.n_layer=1, train.max_steps=2")
+    config = load_config(run / "config.yaml")
+    assert (config.model.n_layer, config.model.n_embd, config.model.n_head, config.model.dropout) == (1, 128, 4, 0.2)
+    assert (config.train.max_seconds, config.train.max_steps, config.train.lr) == (558, 2, 0.0043)
+    assert json.loads(result.stdout)["steps"] == 2
+
+
+def test_a_config_file_s_keys_are_the_user_s_but_its_limits_are_the_budget_s(tmp_path, corpus):
+    run = tmp_path / "run"
+    args = ["--budget", "5m", "--config", "tiny", "--data", corpus, "--out-dir", run, "--max-steps", 2, "--quiet"]
+    run_cli("train", *args, check=True)
+    config = load_config(run / "config.yaml")
+    assert (config.model.n_layer, config.model.n_embd, config.train.lr) == (2, 64, 3e-3)  # tiny.yaml's, kept
+    assert (config.model.token_shift, config.train.optimizer) == (True, "muon")  # the rule's, tiny.yaml sets none
+    assert (config.train.max_seconds, config.train.max_steps) == (279, 2)
+
+
+def test_the_python_api_takes_a_budget(tmp_path, corpus):
+    import charlm
+
+    overrides = {"model.n_layer": 1, "train.max_steps": 2}
+    summary = charlm.train(overrides=overrides, data=corpus, out_dir=tmp_path / "run", quiet=True, budget="1h")
+    config = load_config(tmp_path / "run" / "config.yaml")
+    assert summary["steps"] == 2 and (config.model.n_layer, config.model.n_embd, config.train.max_seconds) == (
+        1,
+        160,
+        3540,
+    )

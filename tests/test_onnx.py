@@ -1,0 +1,202 @@
+"""ONNX exports (`charlm export --format onnx`) of the three families, run by the real onnxruntime: logits within
+1e-4 of the torch model's, greedy text identical to `charlm sample --temperature 0`, `charlm sample`/`eval` on the
+folder, and one-line refusals of what cannot be exported."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import SMALL, assert_one_line_error, run_cli, train_cli
+
+pytest.importorskip("onnxruntime", reason="ONNX exports need the onnx extra: pip install -e '.[test]'")
+pytest.importorskip("onnxscript", reason="torch.onnx's exporter needs onnxscript: pip install -e '.[test]'")
+
+import charlm
+from charlm.storage.checkpoint import load_checkpoint, save_checkpoint
+
+TOLERANCE = 1e-4
+# The default recipe's options (configs/cpu.yaml: RoPE, SwiGLU, token shift, 3 heads) at a width a test trains in
+# seconds; then learned positions and GELU (windows that jump); then ALiBi with the other switches thrown.
+RECIPE = ["--config", "cpu", "--set", "train.max_seconds=0", "--set", "model.n_layer=2", "--set", "model.n_embd=48"]
+RECIPE += ["--set", "model.block_size=24", "--set", "train.eval_interval=10", "--set", "train.eval_windows=8"]
+LEARNED = [*SMALL, "--set", "model.pos_encoding=learned", "--set", "model.activation=gelu"]
+ALIBI = [*SMALL, "--set", "model.pos_encoding=alibi", "--set", "model.norm=rmsnorm", "--set", "model.qk_norm=true"]
+ALIBI += ["--set", "model.norm_position=post", "--set", "model.logit_softcap=15", "--set", "model.tie_weights=false"]
+ALIBI += ["--set", "model.token_shift=true", "--set", "model.n_head=4"]
+
+
+def shifted_checkpoint(run: Path) -> Path:
+    """best.pt with random token-shift weights (training leaves them near their zero start, where the shift does
+    nothing, and an export that mishandled its state would still pass)."""
+    ckpt = load_checkpoint(run / "best.pt")
+    generator = torch.Generator().manual_seed(0)
+    for name, tensor in ckpt.state["model"].items():
+        if "token_shift" in name:
+            tensor.copy_(torch.randn(tensor.shape, generator=generator))
+    save_checkpoint(run / "shifted.pt", {k: v for k, v in ckpt.state.items() if k != "format_version"})
+    return run / "shifted.pt"
+
+
+def train(tmp: Path, config: list[str], data: Path, steps: int = 30, shift: bool = False) -> Path:
+    """A model trained through the CLI: its best.pt, or with `shift` a copy with random token-shift weights."""
+    run_cli(*train_cli(data, tmp / "run", steps=steps, quiet=True, config=config), check=True)
+    return shifted_checkpoint(tmp / "run") if shift else tmp / "run" / "best.pt"
+
+
+@pytest.fixture(scope="module", params=["recipe", "learned", "alibi"])
+def decoder(request, tmp_path_factory, corpus) -> tuple[Path, Path]:
+    """A trained decoder's checkpoint and its ONNX export."""
+    tmp = tmp_path_factory.mktemp(f"onnx-{request.param}")
+    config = {"recipe": RECIPE, "learned": LEARNED, "alibi": ALIBI}[request.param]
+    ckpt = train(tmp, config, corpus, shift=request.param != "learned")
+    result = run_cli("export", ckpt, tmp / "onnx", "--format", "onnx", check=True)
+    assert "200 greedy characters identical" in result.stderr
+    return ckpt, tmp / "onnx"
+
+
+def sample_json(model: Path, *args: object) -> dict:
+    return json.loads(run_cli("sample", model, "--json", *args, check=True).stdout)
+
+
+def test_the_decoder_export_gives_torchs_logits_and_greedy_text(decoder):
+    ckpt, folder = decoder
+    check = json.loads((folder / "config.json").read_text())["onnx"]["check"]
+    assert check["max_abs_diff"] <= TOLERANCE and check["differs"] == ""
+    exported, original = charlm.load(folder), charlm.load(ckpt, "cpu")
+    assert exported.runtime == "onnxruntime" and original.runtime == "torch"
+    block = original.config.model.block_size
+    ids = torch.tensor([random.Random(1).choices(range(original.tokenizer.vocab_size), k=block) for _ in range(3)])
+    with torch.no_grad():
+        ours = original.module(ids)[0]
+    assert (exported.module(ids)[0] - ours).abs().max() <= TOLERANCE  # a batch of whole windows, from a fresh state
+    long_prompt = "JULIET:\n" + "O Romeo, Romeo! wherefore art thou Romeo? " * 3  # longer than the context
+    for prompt in ("JULIET:", long_prompt):
+        args = ("--prompt", prompt, "--temperature", "0", "--max-new-tokens", "200")
+        through, reference = sample_json(folder, *args), sample_json(ckpt, *args)
+        assert through["runtime"] == "onnxruntime" and reference["runtime"] == "torch"
+        assert through["samples"] == reference["samples"]
+
+
+def test_sampling_through_onnxruntime_draws_as_charlm_does(decoder):
+    """The Python runtime uses charlm's own sampler and seeded torch.Generator: a seed gives charlm's text."""
+    ckpt, folder = decoder
+    args = ("--prompt", "ROMEO:", "--seed", "7", "--temperature", "0.9", "--top-k", "20", "--max-new-tokens", "120")
+    through = sample_json(folder, *args, "--num-samples", "2", "--stop", "\n\n")
+    assert through["samples"] == sample_json(ckpt, *args, "--num-samples", "2", "--stop", "\n\n")["samples"]
+
+
+def test_eval_runs_the_export_through_onnxruntime(decoder, corpus):
+    ckpt, folder = decoder
+    args = ("--data", corpus, "--split", "val", "--json")
+    through = json.loads(run_cli("eval", folder, *args, check=True).stdout)
+    reference = json.loads(run_cli("eval", ckpt, *args, check=True).stdout)
+    assert through["runtime"] == "onnxruntime" and reference["runtime"] == "torch"
+    assert through["chars"] == reference["chars"] and abs(through["loss"] - reference["loss"]) < 1e-5
+
+
+@pytest.mark.slow
+def test_a_6x384_decoder_exports_within_the_tolerance(tmp_path, corpus):
+    shape = ["--set", "model.n_layer=6", "--set", "model.n_embd=384", "--set", "model.n_head=6"]
+    ckpt = train(tmp_path, [*RECIPE, *shape, "--set", "model.block_size=64"], corpus, steps=3, shift=True)
+    result = run_cli("export", ckpt, tmp_path / "onnx", "--format", "onnx", check=True)
+    check = json.loads((tmp_path / "onnx" / "config.json").read_text())["onnx"]["check"]
+    assert check["max_abs_diff"] <= TOLERANCE and "identical" in result.stderr
+
+
+@pytest.fixture(scope="module")
+def encoder_decoder(tmp_path_factory) -> tuple[Path, Path]:
+    tmp = tmp_path_factory.mktemp("onnx-encdec")
+    r = random.Random(0)
+    words = ["".join(r.choice("abcdefghij") for _ in range(r.randint(3, 8))) for _ in range(3000)]
+    pairs = tmp / "reverse.tsv"
+    pairs.write_text("".join(f"{w}\t{w[::-1]}\n" for w in words), encoding="utf-8")
+    config = [*SMALL, "--set", "model.arch=encoder-decoder", "--set", "data.format=pairs", "--set", "model.n_head=4"]
+    config += ["--set", "model.pos_encoding=rope", "--set", "model.token_shift=true", "--set", "train.batch_size=32"]
+    ckpt = train(tmp, config, pairs, steps=150, shift=True)
+    result = run_cli("export", ckpt, tmp / "onnx", "--format", "onnx", check=True)
+    assert "8 greedy targets identical" in result.stderr
+    return ckpt, tmp / "onnx"
+
+
+def test_the_encoder_decoder_export_rewrites_as_charlm_does(encoder_decoder, tmp_path):
+    ckpt, folder = encoder_decoder
+    assert sorted(p.name for p in folder.iterdir()) == ["README.md", "config.json", "decoder.onnx", "encoder.onnx", "vocab.json"]  # fmt: skip  # noqa: E501
+    check = json.loads((folder / "config.json").read_text())["onnx"]["check"]
+    assert check["max_abs_diff"] <= TOLERANCE
+    sources = tmp_path / "sources.txt"
+    sources.write_text("abcde\njihgfedcba\nbad\n", encoding="utf-8")
+    through = sample_json(folder, "--prompt-file", sources)
+    assert through["runtime"] == "onnxruntime"
+    assert through["targets"] == sample_json(ckpt, "--prompt-file", sources)["targets"]
+    sampled = ("--prompt", "abcdef", "--temperature", "1", "--seed", "3")
+    assert sample_json(folder, *sampled)["targets"] == sample_json(ckpt, *sampled)["targets"]
+    assert_one_line_error(run_cli("sample", folder, "--prompt", "abc", "--beam", "3"), 2, "beam", "ONNX export")
+    assert_one_line_error(run_cli("eval", folder), 2, "encoder-decoder", "safetensors")
+
+
+def test_the_encoder_export_fills_and_scores_as_charlm_does(tmp_path, corpus):
+    ckpt = train(tmp_path, [*SMALL, "--set", "model.arch=encoder", "--set", "train.batch_size=32"], corpus, 40)
+    run_cli("export", ckpt, tmp_path / "onnx", "--format", "onnx", check=True)
+    folder = tmp_path / "onnx"
+    assert json.loads((folder / "config.json").read_text())["onnx"]["check"]["max_abs_diff"] <= TOLERANCE
+    fill = ("fill", "--prompt", "ROM_O AND JUL_ET", "--json")
+    through, reference = (json.loads(run_cli(fill[0], m, *fill[1:], check=True).stdout) for m in (folder, ckpt))
+    assert through["text"] == reference["text"]
+    for a, b in zip(through["blanks"], reference["blanks"], strict=True):
+        assert [c for c, _ in a["candidates"]] == [c for c, _ in b["candidates"]]
+    args = ("--data", corpus, "--split", "val", "--json")  # an export records the file's name, not its path
+    scored = [json.loads(run_cli("eval", m, *args, check=True).stdout) for m in (folder, ckpt)]
+    assert scored[0]["runtime"] == "onnxruntime" and abs(scored[0]["loss"] - scored[1]["loss"]) < 1e-5
+    assert scored[0]["accuracy"] == scored[1]["accuracy"]
+    assert_one_line_error(run_cli("export", ckpt, tmp_path / "web", "--web"), 2, "encoder", "--web")
+
+
+def test_what_cannot_be_exported_is_refused_in_one_line(tmp_path, corpus, tiny_checkpoint):
+    ckpt, folder = tiny_checkpoint, tmp_path / "onnx"
+    run_cli("export", ckpt, folder, "--format", "onnx", check=True)
+    moe = train(tmp_path / "moe", [*SMALL, "--set", "model.n_experts=2"], corpus, steps=3)
+    assert_one_line_error(run_cli("export", moe, tmp_path / "a", "--format", "onnx"), 2, "n_experts=2", "mixture")
+    assert not (tmp_path / "a").exists()
+    damaged = tmp_path / "damaged.pt"
+    damaged.write_bytes(ckpt.read_bytes()[:5000])
+    assert_one_line_error(run_cli("export", damaged, tmp_path / "b", "--format", "onnx"), 2, "cannot load checkpoint")
+    pickled = tmp_path / "pickled.pt"
+    torch.save({"config": {}, "payload": print}, pickled)  # a global: loading it would run code
+    assert_one_line_error(run_cli("export", pickled, tmp_path / "c", "--format", "onnx"), 2, "could run code")
+    assert_one_line_error(run_cli("export", folder, tmp_path / "d", "--format", "onnx"), 2, "is an ONNX export")
+    for needs_torch in (("info",), ("attention", "--json"), ("serve", "--port", "0")):
+        assert_one_line_error(run_cli(needs_torch[0], folder, *needs_torch[1:]), 2, "ONNX export")
+    for flag in (("--compile",), ("--precision", "int8"), ("--no-cache",), ("--device", "cuda")):
+        assert_one_line_error(run_cli("sample", folder, *flag), 2, flag[0])
+    assert not any((tmp_path / name).exists() for name in "abcd")
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp folder left behind
+
+
+def test_a_folder_that_holds_anything_is_replaced_only_with_overwrite(tmp_path, tiny_checkpoint):
+    ckpt = tiny_checkpoint
+    target = tmp_path / "out"
+    target.mkdir()
+    (target / "notes.txt").write_text("mine")
+    for args in (("--format", "onnx"), ("--web",), ()):
+        assert_one_line_error(run_cli("export", ckpt, target, *args), 2, "not empty", "--overwrite")
+    assert (target / "notes.txt").read_text() == "mine"
+    run_cli("export", ckpt, target, "--format", "onnx", "--overwrite", check=True)
+    assert sorted(p.name for p in target.iterdir()) == ["README.md", "config.json", "model.onnx", "vocab.json"]
+    (tmp_path / "empty").mkdir()
+    run_cli("export", ckpt, tmp_path / "empty", "--format", "onnx", check=True)  # an empty folder is taken
+
+
+def test_runtime_flags_are_checked_before_any_work(tmp_path, tiny_checkpoint):
+    ckpt = tiny_checkpoint
+    dist = tmp_path / "dist"
+    dist.mkdir()
+    (dist / "ort.wasm.min.js").write_text("// not all of it")
+    result = run_cli("export", ckpt, tmp_path / "w", "--web", "--runtime", dist)
+    assert_one_line_error(result, 2, "ort-wasm-simd-threaded.mjs", "npm install onnxruntime-web")
+    assert_one_line_error(run_cli("export", ckpt, tmp_path / "w", "--runtime", dist), 2, "add --web")
+    assert_one_line_error(run_cli("export", ckpt, tmp_path / "w", "--format", "onnx", "--runtime", dist), 2, "--web")
+    assert not (tmp_path / "w").exists()
