@@ -209,7 +209,8 @@ def test_one_failing_rank_brings_the_job_down_quickly(tmp_path, corpus, sig):
             job.kill()
 
 
-def test_encoder_decoder_two_ranks_of_batch_b_equal_one_process_of_batch_2b(tmp_path):
+@pytest.mark.parametrize("given", [False, True], ids=["split", "given-files"])
+def test_encoder_decoder_two_ranks_of_batch_b_equal_one_process_of_batch_2b(tmp_path, given):
     from charlm.data.pairs import PairBatches, PairCorpus
     from charlm.models.encoder_decoder import EncoderDecoder
 
@@ -218,6 +219,10 @@ def test_encoder_decoder_two_ranks_of_batch_b_equal_one_process_of_batch_2b(tmp_
     batch = 4
     sets = [f"train.batch_size={batch}", "train.warmup_steps=0", "train.lr=1e-2", "model.arch=encoder-decoder"]
     sets += ["data.format=pairs", "model.n_layer=1", "model.n_embd=32", "model.block_size=16"]
+    if given:  # the shared task's way: validation and test files of their own, every training line trained on
+        (tmp_path / "val.tsv").write_text("bad\tdab\ncab\tbac\n")
+        (tmp_path / "test.tsv").write_text("dab\tbad\n")
+        sets += [f"data.val_path={tmp_path / 'val.tsv'}", f"data.test_path={tmp_path / 'test.tsv'}"]
     result = torchrun(*train_cli(data, tmp_path / "ddp", steps=1, config="tiny", sets=sets))
     assert result.returncode == 0, result.stderr
     ddp_weights = load_checkpoint(tmp_path / "ddp" / "last.pt").state["model"]

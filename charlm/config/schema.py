@@ -64,6 +64,16 @@ class DataConfig:
         lt=1.0,
     )
     test_size: int = documented(0, "exact tokens held out for testing (0 = use data.test_fraction)", ge=0)
+    val_path: str = documented(
+        "",
+        "a file (same format as data.path) to validate on as it is, instead of a fraction of data.path: picks "
+        "best.pt and stops early; characters the training file lacks are refused (empty = split data.path)",
+    )
+    test_path: str = documented(
+        "",
+        "a file (same format as data.path) held out as the test split, read only by `charlm eval --split test`, "
+        "never by training (empty = data.test_fraction/test_size of data.path, if set)",
+    )
     format: Literal["text", "pairs", "lines"] = documented(
         "text",
         "text: one stream of characters; pairs: UTF-8 TSV, one source<TAB>target per line (model.arch: "
@@ -334,9 +344,35 @@ def load_config(path: str | Path | None, sets: Sequence[str] = (), options: Opti
         config_path = find_config(str(path))
         found, errors = file_settings(read_yaml_file(config_path), str(config_path))
         settings += found
+    from_file = len(settings)
     settings += [parse_set(item) for item in sets]
     settings += _option_settings(options or {})
-    return _build_reporting_all(settings, errors)
+    config = _build_reporting_all(settings, errors)
+    raise_all(given_split_problems(config, settings, from_file))
+    return config
+
+
+GIVEN_SPLITS = {"val": ("data.val_fraction", "data.val_size"), "test": ("data.test_fraction", "data.test_size")}
+
+
+def given_split_problems(config: Config, settings: list[Setting], file_settings_count: int) -> list[str]:
+    """A split is either a given file or carved from data.path: a fraction or size set beside its file is refused.
+    The command line outranks a config file, so a file's fraction yields to a path given on the command line; set at
+    the same level, or the fraction later, they are refused (a saved run's config holds every key, so only what the
+    user set is asked about)."""
+    problems = []
+    for split, keys in GIVEN_SPLITS.items():
+        given = getattr(config.data, f"{split}_path")
+        if not given:
+            continue
+        level = max(i >= file_settings_count for i, s in enumerate(settings) if s.key == f"data.{split}_path")
+        for i, s in enumerate(settings):
+            if s.key in keys and (i >= file_settings_count) >= level:
+                problems.append(
+                    f"{s.key} ({s.source}) and data.{split}_path={given} both choose the {split} split: the given "
+                    f"file is used as it is, so remove {s.key}"
+                )
+    return problems
 
 
 def _build_reporting_all(settings: list[Setting], errors: list[str]) -> Config:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -76,16 +77,54 @@ SPLITS = ("train", "val", "test")
 def split_sizes(n: int, data: DataConfig, source: str, unit: str = "tokens") -> tuple[int, int, int]:
     """Tokens in train, val and test: test is the tail, val just before it, train the rest (in file order).
 
-    Exact sizes win over fractions; with no test split this is nanoGPT's 90/10 split to the character.
+    Exact sizes win over fractions; with no test split this is nanoGPT's 90/10 split to the character. A split given
+    as its own file (data.val_path, data.test_path) takes nothing from this one.
     """
     n_test = data.test_size or (n - int(n * (1 - data.test_fraction)) if data.test_fraction else 0)
     n_val = data.val_size or n - int(n * (1 - data.val_fraction))
+    n_val, n_test = (0 if data.val_path else n_val), (0 if data.test_path else n_test)
     if n_val + n_test >= n:
         raise UsageError(
             f"{source} has {n:,} {unit}, but its validation ({n_val:,}) and test ({n_test:,}) splits "
             "leave none for training; lower data.val_size/test_size or the fractions"
         )
     return n - n_val - n_test, n_val, n_test
+
+
+def for_file(data: DataConfig, path: str | Path) -> DataConfig:
+    """The data settings for reading `path`: the run's own, given split files included, when it is the run's own
+    training file; another file is read whole (its splits cut from it as the fractions say), never beside the run's
+    validation or test files."""
+    if same_path(path, data.path):
+        return data
+    return dataclasses.replace(data, path=str(path), val_path="", test_path="")
+
+
+def same_path(a: str | Path, b: str | Path) -> bool:
+    try:
+        return Path(a).resolve() == Path(b).resolve()
+    except OSError:
+        return False
+
+
+def given_file(data: DataConfig, split: str) -> str:
+    """The file a split is given as (data.val_path, data.test_path), checked to be there; "" when it is carved from
+    data.path. Only its existence is checked: the test file is read by nothing but `charlm eval --split test`."""
+    path = getattr(data, f"{split}_path")
+    if path and not Path(path).is_file():
+        problem = "is a directory" if Path(path).is_dir() else "not found"
+        raise UsageError(f"data.{split}_path {problem}: {path} (give a file in the format of data.path)")
+    return path
+
+
+def same_content(a: str | Path, b: str | Path) -> bool:
+    """Whether two files hold the same bytes (the size first, so unequal files are never read)."""
+    a, b = Path(a), Path(b)
+    if same_path(a, b):
+        return True
+    if a.stat().st_size != b.stat().st_size:
+        return False
+    return a.read_bytes() == b.read_bytes()
 
 
 def conform(
@@ -133,6 +172,8 @@ class Corpus:
     test: torch.Tensor  # (N_test,), empty without a test split
     source: str = ""
     whole: torch.Tensor | None = None  # (N,) all of it, in file order
+    test_path: str = ""  # the test split's own file (data.test_path), read on first use
+    read_given: Callable[[str], torch.Tensor] | None = None  # how a given split file is read
 
     @classmethod
     def from_config(
@@ -144,11 +185,26 @@ class Corpus:
         say: Callable[[str], None] = lambda _: None,
         replacement: str | None = None,
     ) -> Corpus:
-        prepared = prepare(data.path, tokenizer.kind if tokenizer else data.tokenizer, say)
+        kind = tokenizer.kind if tokenizer else data.tokenizer
+        prepared = prepare(data.path, kind, say)
         ids = prepared.ids
         if tokenizer is not None:
             ids = conform(ids, prepared.tokenizer, tokenizer, prepared.counts, unknown, replacement, hint)
-        return cls.from_ids(ids, tokenizer or prepared.tokenizer, data, data.path)
+        corpus = cls.from_ids(ids, tokenizer or prepared.tokenizer, data, data.path)
+        val_path, corpus.test_path = given_file(data, "val"), given_file(data, "test")
+        if val_path or corpus.test_path:
+            def read_given(path: str) -> torch.Tensor:  # in the training file's vocabulary, the policy as above
+                given = prepare(path, kind, say)
+                own = f"{path} holds characters the training file {data.path} lacks"
+                return conform(
+                    given.ids, given.tokenizer, corpus.tokenizer, given.counts, unknown, replacement,
+                    f"{own}; {hint}" if tokenizer is not None else f"{own}; remove them or add them to {data.path}",
+                )  # fmt: skip
+
+            corpus.read_given = read_given
+            if val_path:
+                corpus.val = read_given(val_path)
+        return corpus
 
     @classmethod
     def from_ids(cls, ids: torch.Tensor, tokenizer: Tokenizer, data: DataConfig, source: str) -> Corpus:
@@ -168,6 +224,10 @@ class Corpus:
             return self.whole
         if name not in SPLITS:
             raise UsageError(f"split must be one of {', '.join(SPLITS)} or all, got {name!r}")
+        if name == "test" and self.test_path and self.read_given is not None:
+            if not len(self.test):
+                self.test = self.read_given(self.test_path)
+            return self.test
         if name == "test" and not len(self.test):
             raise UsageError(
                 f"{self.source} has no test split: set data.test_size or data.test_fraction when "

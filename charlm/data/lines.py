@@ -133,9 +133,15 @@ class LineCorpus(RecordSplits[Item]):
         replacement: str | None = None,
     ) -> LineCorpus:
         strings = read_items(data.path, block_size, data.skip_bad_lines, say)
-        tokenizer = tokenizer or items_tokenizer(strings)
-        encoded = encode_items(strings, tokenizer, unknown, replacement, hint, data.path)
-        return cls.shuffled(tokenizer, encoded, data)
+        model_tokenizer = tokenizer or items_tokenizer(strings)
+        encoded = encode_items(strings, model_tokenizer, unknown, replacement, hint, data.path)
+
+        def read_given(path: str) -> list[Item]:  # a split given as its own file, in the training file's characters
+            fix = hint if tokenizer is not None else f"remove them, or add items that use them to {data.path}"
+            given = read_items(path, block_size, data.skip_bad_lines, say)
+            return encode_items(given, model_tokenizer, unknown, replacement, fix, path)
+
+        return cls.shuffled(model_tokenizer, encoded, data, read_given)
 
     def texts(self, name: str) -> set[str]:
         """The items of a split as strings (what `charlm sample --novel` compares with)."""

@@ -82,15 +82,22 @@ class PairCorpus(RecordSplits[Pair]):
         hint: str = "",
     ) -> PairCorpus:
         strings = read_pairs(data.path, block_size, data.skip_bad_lines, say)
-        tokenizer = tokenizer or pair_tokenizer(strings)
-        unknown = sorted({c for s, t in strings for c in s + t} - set(tokenizer.chars))
-        if unknown:
-            shown = ", ".join(repr(c) for c in unknown[:10])
-            raise UsageError(
-                f"{data.path} has characters the model has never seen: {shown}" + (f"; {hint}" if hint else "")
-            )
-        encoded = [(tokenizer.encode(s), tokenizer.encode(t)) for s, t in strings]
-        return cls.shuffled(tokenizer, encoded, data)
+        model_tokenizer = tokenizer or pair_tokenizer(strings)
+
+        def encoded(path: str, strings: list[tuple[str, str]], hint: str) -> list[Pair]:
+            unknown = sorted({c for s, t in strings for c in s + t} - set(model_tokenizer.chars))
+            if unknown:
+                shown = ", ".join(f"{c!r} (U+{ord(c):04X})" for c in unknown[:10])
+                raise UsageError(
+                    f"{path} has characters the model has never seen: {shown}" + (f"; {hint}" if hint else "")
+                )
+            return [(model_tokenizer.encode(s), model_tokenizer.encode(t)) for s, t in strings]
+
+        def read_given(path: str) -> list[Pair]:  # a split given as its own file, in the training file's characters
+            fix = hint if tokenizer is not None else f"remove them, or add lines that use them to {data.path}"
+            return encoded(path, read_pairs(path, block_size, data.skip_bad_lines, say), fix)
+
+        return cls.shuffled(model_tokenizer, encoded(data.path, strings, hint), data, read_given)
 
 
 def pad_batch(pairs: list[Pair], device: torch.device) -> tuple[tuple[torch.Tensor, torch.Tensor], torch.Tensor]:

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any, ClassVar, Generic, TypeVar
 
 from charlm.config.schema import DataConfig
-from charlm.data.corpus import split_sizes
+from charlm.data.corpus import given_file, split_sizes
 from charlm.data.tokenizer import Tokenizer
 from charlm.errors import UsageError
 
@@ -29,22 +30,38 @@ class RecordSplits(Generic[Record]):
     test: list[Record]
     source: str = ""
 
+    val_path: str = ""  # the validation split's own file (data.val_path)
+    test_path: str = ""  # the test split's own file (data.test_path), read on first use
+    read_given: Callable[[str], list[Record]] | None = None  # how a given split file is read
+
     @classmethod
-    def shuffled(cls, tokenizer: Tokenizer, records: list[Any], data: DataConfig) -> Any:
-        """The records shuffled with SPLIT_SEED and cut into train, val and test by data's fractions or sizes."""
+    def shuffled(
+        cls, tokenizer: Tokenizer, records: list[Any], data: DataConfig, read_given: Callable[[str], list[Any]]
+    ) -> Any:
+        """The records shuffled with SPLIT_SEED and cut into train, val and test by data's fractions or sizes; a split
+        given as its own file (data.val_path, data.test_path) is read by `read_given` instead, the test file only
+        when the test split is asked for."""
+        val_path, test_path = given_file(data, "val"), given_file(data, "test")
         random.Random(SPLIT_SEED).shuffle(records)
         n_train, n_val, _ = split_sizes(len(records), data, data.path, cls.unit)
-        return cls(
-            tokenizer, records[:n_train], records[n_train : n_train + n_val], records[n_train + n_val :], data.path
-        )
+        train, val, test = records[:n_train], records[n_train : n_train + n_val], records[n_train + n_val :]
+        if val_path:
+            val = read_given(val_path)
+        return cls(tokenizer, train, val, test, data.path, val_path, test_path, read_given)
 
     def split(self, name: str) -> list[Record]:
         if name == "all":
-            return self.train + self.val + self.test
+            # data.path's records: a split given as its own file is not part of it
+            return self.train + (self.val if not self.val_path else []) + (self.test if not self.test_path else [])
         if name not in ("train", "val", "test"):
             raise UsageError(f"split must be one of train, val, test or all, got {name!r}")
+        if name == "test" and self.test_path and self.read_given is not None and not self.test:
+            self.test = self.read_given(self.test_path)
         if name == "test" and not self.test:
-            raise UsageError(f"{self.source} has no test split: set data.test_fraction or data.test_size when training")
+            raise UsageError(
+                f"{self.source} has no test split: set data.test_path, data.test_fraction or data.test_size when "
+                "training"
+            )
         return getattr(self, name)
 
     def check_windows(self, block_size: int, source: str) -> None:

@@ -3,7 +3,6 @@ character, scored in nats per character, used to continue text."""
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from typing import Any, cast
 
@@ -11,7 +10,7 @@ import torch
 from torch import nn
 
 from charlm.config.schema import Config, ModelConfig
-from charlm.data.corpus import Corpus, RandomWindows, encode_compact
+from charlm.data.corpus import Corpus, RandomWindows, encode_compact, for_file
 from charlm.data.tokenizer import UnknownPolicy
 from charlm.decoding.stepped import GraphRuntime, RuntimeCheck
 from charlm.errors import UsageError
@@ -112,7 +111,7 @@ def evaluate_text(
     if text_or_path is None or names_a_file(text_or_path):
         path = str(text_or_path if text_or_path is not None else own)
         split = split or ("val" if same_file(path, own) else "all")
-        corpus = Corpus.from_config(dataclasses.replace(data, path=path), tokenizer, unknown, replacement=replace_with)
+        corpus = Corpus.from_config(for_file(data, path), tokenizer, unknown, replacement=replace_with)
     else:
         split = split or "all"
         ids = encode_compact(tokenizer.encode(str(text_or_path), unknown, replace_with), tokenizer.vocab_size)

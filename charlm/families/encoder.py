@@ -3,7 +3,6 @@ well hidden characters are restored, used to fill blanks in a text."""
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from typing import Any, cast
 
@@ -11,7 +10,7 @@ import torch
 from torch import nn
 
 from charlm.config.schema import Config, ModelConfig
-from charlm.data.corpus import Corpus
+from charlm.data.corpus import Corpus, for_file
 from charlm.data.masking import MaskedWindows
 from charlm.decoding.fill import fill
 from charlm.decoding.stepped import GraphRuntime, RuntimeCheck
@@ -124,7 +123,7 @@ def evaluate_masked(loaded: Loaded, path: str | Path | None = None, split: str |
     own = loaded.config.data.path
     given = str(path) if path is not None else own
     split = split or ("val" if same_file(given, own) else "all")
-    corpus = Corpus.from_config(dataclasses.replace(loaded.config.data, path=given), loaded.tokenizer)
+    corpus = Corpus.from_config(for_file(loaded.config.data, given), loaded.tokenizer)
     ids = corpus.split(split)
     block_size = loaded.config.model.block_size
     starts = all_windows(ids, block_size)

@@ -3,7 +3,6 @@ lines to rewrite a source string into its target, scored by exact match and erro
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from typing import Any, cast
 
@@ -11,6 +10,7 @@ import torch
 from torch import nn
 
 from charlm.config.schema import Config, ModelConfig
+from charlm.data.corpus import for_file
 from charlm.data.pairs import PairBatches, PairCorpus, pairs_total
 from charlm.data.tokenizer import BOS, SPECIAL_CHARS, UnknownPolicy
 from charlm.decoding.options import DecodeOptions, field_name
@@ -150,7 +150,7 @@ def evaluate_pairs(
     own = loaded.config.data.path
     given = str(path) if path is not None else own
     split = split or ("val" if same_file(given, own) else "all")
-    data = dataclasses.replace(loaded.config.data, path=given)
+    data = for_file(loaded.config.data, given)
     room = loaded.config.model.block_size
     corpus = PairCorpus.from_config(data, room, loaded.tokenizer)
     options = DecodeOptions(beam=beam, batch_size=batch_size, temperature=0.0, max_new_tokens=room).checked(field_name)

@@ -4,7 +4,6 @@ more items like them (makemore's task)."""
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from typing import Any, cast
 
@@ -12,7 +11,7 @@ import torch
 from torch import nn
 
 from charlm.config.schema import Config, ModelConfig
-from charlm.data.corpus import decode_utf8
+from charlm.data.corpus import decode_utf8, for_file
 from charlm.data.lines import LineBatches, LineCorpus, check_items, encode_items, item_room, numbered_items
 from charlm.data.tokenizer import BOS, EOS, PAD, SPECIAL_CHARS, UnknownPolicy
 from charlm.decoding.generate import SampleResult
@@ -152,7 +151,7 @@ def line_corpus(
     loaded: Loaded, path: str | None = None, unknown: UnknownPolicy = "error", replace_with: str | None = None
 ) -> LineCorpus:
     """A file read and split as the model's own list was (the model's own list when path is None)."""
-    data = dataclasses.replace(loaded.config.data, path=path or loaded.config.data.path)
+    data = for_file(loaded.config.data, path or loaded.config.data.path)
     hint = "use --unknown skip to leave out the items that hold them"
     block_size = loaded.config.model.block_size
     return LineCorpus.from_config(

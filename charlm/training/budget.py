@@ -152,7 +152,8 @@ def train_characters(config: Config) -> int:
     """The training split's size in characters, estimated from the files' bytes (the same for mostly-ASCII text)."""
     total = sum(f.stat().st_size for f in source_files(Path(config.data.path)))
     d = config.data
-    held = (d.val_size or round(total * d.val_fraction)) + (d.test_size or round(total * d.test_fraction))
+    held_val = 0 if d.val_path else d.val_size or round(total * d.val_fraction)  # a given file takes nothing
+    held = held_val + (0 if d.test_path else d.test_size or round(total * d.test_fraction))
     return max(total - held, 0)
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from charlm.config import schema as cfg
 from charlm.config.schema import Config
-from charlm.data.corpus import Corpus
+from charlm.data.corpus import Corpus, same_content
 from charlm.data.download import ensure_builtin_corpus
 from charlm.data.lines import LineCorpus
 from charlm.data.pairs import PairCorpus
@@ -300,6 +300,12 @@ def _build(
     else:
         corpus = Corpus.from_config(config.data, say=reporter.info)
     corpus.check_windows(config.model.block_size, config.data.path)
+    for split, given in (("validation", config.data.val_path), ("test", config.data.test_path)):
+        if given and same_content(given, config.data.path):
+            reporter.warn(
+                f"the {split} file {given} is the training file itself: its figures will measure what the model "
+                "memorised, not how it does on text it never saw"
+            )
     dist.barrier()  # every rank has checked the run folder before rank 0 writes to it
     if dist.is_main:
         make_out_dir(out_dir, replaced)
