@@ -1,5 +1,6 @@
 """`charlm download cmudict`: an excerpt of the real dictionary, served from a loopback server, verified and
-converted to word<TAB>phonemes pairs (first pronunciation kept, comments stripped, stress digits stripped)."""
+converted to word<TAB>phonemes pairs (every pronunciation on a line, comments stripped, stress digits stripped or
+kept)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from charlm.data.download import CORPORA
 EXCERPT = REPO / "tests" / "data" / "cmudict-excerpt.dict"
 EXCERPT_SHA256 = "422aeda54f3737aa521b5949c3d41e02cc298ce086f70bef9b843c8f9159eb6f"
 # What the conversion makes of it, checked once by an independent awk one-liner (tests/data/README.md).
-EXCERPT_TSV_SHA256 = "3c66f050656d482f0bf858412151bd4c6065254a19028b7f3c66ae8465a05b88"
+EXCERPT_TSV_SHA256 = "17cbcbce89d545acba156e15eca89c41f8c71b2683f6df6ebe3c0aaddc1010af"
 PINNED = "81917843c7f44ce2b094ac63873c2c7a4cf802040792c455ba3ca406891c3d22"
 
 
@@ -41,32 +42,42 @@ def test_cmudict_is_pinned_to_the_canonical_file():
     assert (REPO / "tests" / "data" / "cmudict-LICENSE").read_text().startswith("Copyright (C) 1993-2015 Carnegie")
 
 
-def test_the_excerpt_downloads_and_becomes_one_pair_per_word(tmp_path, mirror, excerpt):
+def test_the_excerpt_downloads_and_becomes_one_pair_per_pronunciation(tmp_path, mirror, excerpt):
     server = mirror(excerpt)
     dest = tmp_path / "cmudict.tsv"
     got = run_cli("download", "cmudict", "--url", server.url("good"), "--sha256", EXCERPT_SHA256, "--dest", dest)
     assert got.returncode == 0, got.stderr
     assert (tmp_path / "cmudict.dict").read_bytes() == excerpt  # the verified source is kept beside the pairs
-    assert f"{dest}: 1,379 words written" in got.stderr
-    assert "142 alternate pronunciations dropped, 22 comments stripped, stress digits stripped" in got.stderr
+    assert f"{dest}: 1,379 words, 1,518 pronunciations, one per line" in got.stderr
+    assert "22 comments stripped, stress digits stripped, 3 alternates then the same written once" in got.stderr
     assert hashlib.sha256(dest.read_bytes()).hexdigest() == EXCERPT_TSV_SHA256
     pairs = _pairs(dest)
-    assert len(pairs) == 1379 and len({word for word, _ in pairs}) == 1379
+    assert len(pairs) == 1518 and len({word for word, _ in pairs}) == 1379
+    assert len({tuple(pair) for pair in pairs}) == 1518  # no line twice
     assert all(len(pair) == 2 and pair[0] and pair[1] for pair in pairs)  # exactly one TAB, both sides non-empty
     assert pairs[:3] == [["'bout", "B AW T"], ["'cause", "K AH Z"], ["'course", "K AO R S"]]  # AW1 -> AW
     expected = {
-        "a": "AH",  # a(2) EY1 dropped: the first pronunciation is kept
-        "aalborg": "AO L B AO R G",  # "# place, danish" stripped
-        "dail": "D EY L",  # dail(2) D OY1 L # org, irish: an alternate with a comment, dropped
-        "spieth": "S P IY TH",  # "# name" stripped; spieth(2) ... # old dropped
-        "d'artagnan": "D AH R T AE NG Y AH N",
+        "a": ["AH", "EY"],  # a(2) EY1 kept, on a line of its own after the first
+        "aalborg": ["AO L B AO R G", "AA L B AO R G"],  # "# place, danish" stripped
+        "dail": ["D EY L", "D OY L"],  # dail(2) D OY1 L # org, irish: an alternate with a comment
+        "d'artagnan": ["D AH R T AE NG Y AH N"],
     }
-    assert {word: phonemes for word, phonemes in pairs if word in expected} == expected
+    assert {word: [p for w, p in pairs if w == word] for word in expected} == expected
     text = dest.read_text(encoding="utf-8")
     assert "#" not in text and "(" not in text and "  " not in text and " \n" not in text
     assert all(word == word.lower() for word, _ in pairs)  # the file's lowercase spelling, unchanged
     assert all(re.fullmatch(r"[A-Z]+( [A-Z]+)*", phonemes) for _, phonemes in pairs)  # no stress digits
-    assert [p for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temp file left
+
+
+def test_cmudict_stress_keeps_the_digits(tmp_path, mirror, excerpt):
+    server = mirror(excerpt)
+    dest = tmp_path / "stress.tsv"
+    got = run_cli("download", "cmudict-stress", "--url", server.url("good"), "--sha256", EXCERPT_SHA256, "--dest", dest)
+    assert got.returncode == 0, got.stderr
+    assert "stress digits kept" in got.stderr
+    pairs = _pairs(dest)
+    assert len(pairs) == 1521 and pairs[:2] == [["'bout", "B AW1 T"], ["'cause", "K AH0 Z"]]
+    assert all(re.fullmatch(r"[A-Z]+[012]?( [A-Z]+[012]?)*", phonemes) for _, phonemes in pairs)
 
 
 def test_a_second_run_keeps_the_verified_file_and_fetches_nothing(tmp_path, mirror, excerpt):
@@ -82,7 +93,7 @@ def test_a_second_run_keeps_the_verified_file_and_fetches_nothing(tmp_path, mirr
 def test_the_default_destination_and_a_file_url(tmp_path, excerpt):
     got = run_cli("download", "cmudict", "--url", EXCERPT.as_uri(), "--sha256", EXCERPT_SHA256, cwd=tmp_path)
     assert got.returncode == 0, got.stderr
-    assert len(_pairs(tmp_path / "data" / "cmudict.tsv")) == 1379
+    assert len(_pairs(tmp_path / "data" / "cmudict.tsv")) == 1518
     assert (tmp_path / "data" / "cmudict.dict").read_bytes() == excerpt
 
 
@@ -107,7 +118,7 @@ def test_a_tsv_without_its_verified_dictionary_beside_it_is_not_trusted(tmp_path
     assert_one_line_error(result, 2, "no verified cmudict.dict is beside it", "--force")
     assert server.requests == {} and dest.read_text() == "hand\tHH AE1 N D\n"
     forced = run_cli(*result.args[1:], "--force", check=True)
-    assert "1,379 words written" in forced.stderr and len(_pairs(dest)) == 1379
+    assert "1,379 words, 1,518 pronunciations" in forced.stderr and len(_pairs(dest)) == 1518
 
 
 def test_a_destination_that_would_be_the_dictionary_itself_is_refused(tmp_path):
@@ -137,5 +148,5 @@ def test_blank_lines_whole_line_comments_and_extra_spaces_are_skipped(tmp_path, 
     server = mirror(body)
     dest = tmp_path / "cmudict.tsv"
     got = run_cli("download", "cmudict", "--url", server.url("good"), "--no-verify", "--dest", dest, check=True)
-    assert dest.read_text(encoding="utf-8") == "read\tR IY D\nWORD\tW ER D\n"  # case kept, stress stripped
-    assert "2 words written" in got.stderr and "(1 alternate pronunciations dropped, 3 comments stripped" in got.stderr
+    assert dest.read_text(encoding="utf-8") == "read\tR IY D\nread\tR EH D\nWORD\tW ER D\n"  # case kept, no stress
+    assert "2 words, 3 pronunciations, one per line (3 comments stripped" in got.stderr

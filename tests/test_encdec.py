@@ -83,7 +83,8 @@ def test_reversal_is_learned_within_60_s_and_not_without_cross_attention(trained
     run, summary = trained
     assert summary["steps"] == 600 and summary["stop_reason"] == "max_steps"
     scored = eval_json(run)
-    assert scored["exact_match"] >= 0.99 and scored["lines"] == 600
+    # the validation split is 10% of the distinct words (a repeated word's lines stay together), all its lines scored
+    assert scored["exact_match"] >= 0.99 and 540 <= scored["sources"] <= 600 and scored["lines"] >= scored["sources"]
     blind = tmp_path / "blind"
     no_cross_attention = ["model.cross_attention=false"]
     run_cli(*train_cli(reversal, blind, steps=600, quiet=True, config=SHAPE, sets=no_cross_attention), check=True)
@@ -167,7 +168,8 @@ def test_the_wrong_methods_and_flags_are_one_line_errors(trained, tiny_checkpoin
 )
 def test_bad_lines_are_counted_named_and_refused_or_skipped(tmp_path, lines, needle):
     data = tmp_path / "pairs.tsv"
-    data.write_text(lines * 1 + "abc\tcba\n" * 40, encoding="utf-8")
+    good = "".join(f"a{x}{y}\t{y}{x}a\n" for x in "bcde" for y in "bcdefghijk")  # 40 words: a split of sources
+    data.write_text(lines + good, encoding="utf-8")
     result = run_cli(*train_cli(data, tmp_path / "run", steps=2, config=SHAPE))
     assert_one_line_error(result, 2, needle, "data.skip_bad_lines=true")
     assert not (tmp_path / "run").exists()

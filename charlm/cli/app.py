@@ -73,9 +73,9 @@ def download(
         Corpus,
         typer.Argument(
             help="Which corpus: tinyshakespeare (1.1 MB), enwik8 (10^8 bytes of Wikipedia XML), text8 (10^8 cleaned "
-            "characters) or cmudict (the CMU Pronouncing Dictionary as word<TAB>phonemes lines for data.format pairs: "
-            "comments stripped, first pronunciation of each word kept, alternates dropped, stress digits stripped: "
-            "the 39-phoneme task); each download's SHA-256 is pinned.",
+            "characters), cmudict (the CMU Pronouncing Dictionary as word<TAB>phonemes lines for data.format pairs: "
+            "comments stripped, one line per pronunciation, alternates kept, stress digits stripped: the 39-phoneme "
+            "task) or cmudict-stress (the same, stress digits kept); each download's SHA-256 is pinned.",
             show_default=True,
         ),
     ] = Corpus.tinyshakespeare,
@@ -91,7 +91,7 @@ def download(
         Optional[Path],
         typer.Option(
             help="Where to write the text. Default: data/tinyshakespeare.txt, data/enwik8, data/text8 or "
-            "data/cmudict.tsv (the .zip or .dict fetched is kept beside it).",
+            "data/cmudict.tsv, data/cmudict-stress.tsv (the .zip or .dict fetched is kept beside it).",
             show_default=False,
         ),
     ] = None,

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 from rich.markup import escape
 from rich.table import Table
 
-from charlm.progress import stdout_console
+from charlm.progress import stderr_console, stdout_console
 
 if TYPE_CHECKING:  # only for annotations: `charlm config --keys` must not import torch
     from charlm.config.reference import KeyInfo
@@ -57,10 +57,22 @@ def print_transduction_result(r: TransductionResult) -> None:
     scored = _what_was_scored(r.split, r.file)
     tokens = "" if r.token_error_rate is None else f", token error rate {100 * r.token_error_rate:.2f}%"
     decoding = "greedy" if r.beam == 1 else f"beam {r.beam}"
+    counted = f"{r.lines:,} lines"
+    single = ""
+    if r.sources and r.sources != r.lines:  # alternates: scored against every reference, the line-by-line beside
+        counted = f"{r.sources:,} sources on {r.lines:,} lines (any reference counts)"
+        single = (
+            f"; line by line, one reference each: word error rate {100 * r.single_reference['word_error_rate']:.2f}%"
+        )
+    if r.unknown_lines:
+        what = f"{r.unknown_chars:,} such characters replaced" if r.unknown_chars else "those lines left out"
+        stderr_console().print(
+            f"{r.unknown_lines:,} lines of {r.file} hold characters the model never saw: {what}", markup=False
+        )
     stdout_console().print(
-        f"{scored}: {r.lines:,} lines; target loss {r.loss:.4f} nats/char ({r.bpc:.4f} bits); {decoding}: exact "
+        f"{scored}: {counted}; target loss {r.loss:.4f} nats/char ({r.bpc:.4f} bits); {decoding}: exact "
         f"match {100 * r.exact_match:.2f}% (word error rate {100 * r.word_error_rate:.2f}%), character error rate "
-        f"{100 * r.char_error_rate:.2f}%{tokens}",
+        f"{100 * r.char_error_rate:.2f}%{tokens}{single}",
         markup=False,
     )
 

@@ -22,7 +22,9 @@ from charlm.cli.support import (
     print_json,
     write_flushed,
 )
+from charlm.data.tokenizer import UNKNOWN_CHAR
 from charlm.errors import UsageError
+from charlm.progress import stderr_console
 
 
 def sample_(
@@ -220,6 +222,16 @@ def transduce_lines(model, prompt, prompt_file, decoding: tuple, json_out: bool)
             where = f"line {number} of {prompt_file}: " if prompt_file is not None else ""
             raise UsageError(where + str(e)) from None
     sources = [line for _, line in numbered]
+    unseen = [sum(c not in model.tokenizer.stoi for c in line) for line in sources]
+    if any(unseen):  # --unknown replace (error stopped above): say how much of the input was not read as written
+        learned = UNKNOWN_CHAR in model.tokenizer.stoi
+        what = "read as the unknown symbol" if learned else "read as a stand-in (the model learned no unknown symbol)"
+        what = f"read as {replace_with!r}" if replace_with is not None else what
+        stderr_console().print(
+            f"{sum(unseen):,} characters the model never saw, in {sum(n > 0 for n in unseen):,} of {len(sources):,} "
+            f"sources, {'left out' if unknown == 'skip' else what}",
+            markup=False,
+        )
     targets = model.transduce(sources, beam, temperature or 0.0, top_k, top_p or 1.0, seed, unknown, replace_with)
     if json_out:
         rows = [{"source": line, "target": t} for (_, line), t in zip(numbered, targets, strict=True)]

@@ -33,6 +33,7 @@ class Corpus(str, Enum):
     enwik8 = "enwik8"
     text8 = "text8"
     cmudict = "cmudict"
+    cmudict_stress = "cmudict-stress"
 
 
 class Split(str, Enum):

@@ -33,6 +33,11 @@ def config_problems(config: Any) -> list[str]:
     if m.n_experts and m.expert_top_k > m.n_experts:
         errors.append(f"model.expert_top_k ({m.expert_top_k}) must be at most model.n_experts ({m.n_experts})")
     errors += arch_problems(config.model, config.data)
+    if config.data.unknown_dropout and config.data.format != "pairs":
+        errors.append(
+            f"data.unknown_dropout ({config.data.unknown_dropout}) is for data.format pairs (source characters read "
+            "as the unknown symbol); set it to 0 or use pairs"
+        )
     if config.train.max_steps == 0 and config.train.max_seconds == 0:
         errors.append("train.max_steps and train.max_seconds are both 0: set at least one limit")
     if not valid_device_name(config.train.device):

@@ -79,12 +79,20 @@ class DataConfig:
         "text: one stream of characters; pairs: UTF-8 TSV, one source<TAB>target per line (model.arch: "
         "encoder-decoder); lines: one item per line, each its own sequence between start and end symbols (model.arch: "
         "decoder; docs/lines.md); pairs and lines are split by lines after a seeded shuffle (val/test fractions and "
-        "sizes count lines), empty lines skipped",
+        "sizes count lines; for pairs, sources: a source's lines stay together), empty lines skipped",
     )
     skip_bad_lines: bool = documented(
         False,
         "pairs: skip lines without exactly one tab, with an empty side or too long; lines: skip items too long for "
         "the context (else: refuse the file)",
+    )
+    unknown_dropout: float = documented(
+        0.0,
+        "pairs: the chance that a training source character is read as the unknown symbol (U+001A) instead, so the "
+        "model learns to read past characters it never saw; > 0 adds the symbol to the vocabulary, and `--unknown "
+        "replace` then maps unseen source characters to it (0 = no unknown symbol)",
+        ge=0.0,
+        le=0.5,
     )
 
 

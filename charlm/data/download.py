@@ -210,25 +210,28 @@ class BuiltinCorpus:
 
 # The CMU Pronouncing Dictionary's .dict format is `word PH1 PH2 ...`: lowercase words, ARPAbet phonemes with stress
 # digits (0, 1, 2) on the vowels, alternates as `word(2) ...`, and on a few lines a comment after `#`. The TSV written
-# for data.format: pairs is `word<TAB>PH1 PH2 ...`, UTF-8, one line per word, in the file's order:
+# for data.format: pairs is `word<TAB>PH1 PH2 ...`, UTF-8, one line per pronunciation, in the file's order:
 # - comments are stripped (they note a word's origin, "# place, irish", not its pronunciation);
-# - alternates are dropped: the first pronunciation listed for each word is kept, so every source has exactly one
-#   target, exact-match accuracy is well defined, and the line-level split never puts one word in both train and test
-#   with different answers (the usual single-pronunciation G2P setup);
+# - alternates are kept, each on a line of its own (`read  R EH D`, `read  R IY D`): the published CMUdict figures
+#   count a word right when it matches any of its pronunciations, the pairs split keeps a word's lines on one side,
+#   and `charlm eval` scores each word against all of them. One line per pronunciation keeps the plain two-column
+#   TSV every seq2seq toolkit reads (training on both answers teaches the model that both occur);
 # - stress digits are stripped (AH0 -> AH, EY1 -> EY): the 39-phoneme task that published G2P figures measure
-#   (Bisani & Ney 2008 and the neural models after them); the downloaded .dict beside the TSV keeps them;
+#   (Bisani & Ney 2008 and the neural models after them); an alternate that only differed in stress is then a
+#   duplicate and is written once. `charlm download cmudict-stress` keeps the digits (data/cmudict-stress.tsv);
 # - words keep the file's spelling and case (lowercase), and phonemes are joined by single spaces.
 # Blank lines and whole-line comments (`#`, or `;;;` in the older cmudict-0.7b) are skipped.
 ALTERNATE = re.compile(r"\(\d+\)$")  # the (2) of `word(2)`
 
 
-def cmudict_to_tsv(source: Path, dest: Path) -> str:
+def cmudict_to_tsv(source: Path, dest: Path, stress: bool = False) -> str:
     """Convert a CMUdict .dict file to `word<TAB>phonemes` lines (see above), written atomically; the summary line."""
-    seen: set[str] = set()
-    dropped = comments = 0
+    words: set[str] = set()
+    written: set[tuple[str, str]] = set()
+    same = comments = 0
 
     def write(f) -> None:
-        nonlocal dropped, comments
+        nonlocal same, comments
         with open(source, encoding="utf-8") as lines:
             for number, line in enumerate(lines, start=1):
                 body, mark, _ = ("", "#", "") if line.startswith(";;;") else line.partition("#")
@@ -242,11 +245,12 @@ def cmudict_to_tsv(source: Path, dest: Path) -> str:
                         "check the mirror"
                     )
                 word = ALTERNATE.sub("", fields[0])
-                if word in seen:
-                    dropped += 1
+                phonemes = " ".join(fields[1:] if stress else (p.rstrip("012") for p in fields[1:]))
+                if (word, phonemes) in written:
+                    same += 1
                     continue
-                seen.add(word)
-                phonemes = " ".join(p.rstrip("012") for p in fields[1:])
+                words.add(word)
+                written.add((word, phonemes))
                 f.write(f"{word}\t{phonemes}\n".encode())
 
     try:
@@ -255,14 +259,22 @@ def cmudict_to_tsv(source: Path, dest: Path) -> str:
         raise WorkError(f"{source} is not UTF-8 text ({e.reason}); check the mirror") from None
     except OSError as e:
         raise WorkError(f"cannot write {dest}: {e.strerror or e}") from None
-    if not seen:
+    if not words:
         dest.unlink()
         raise WorkError(f"{source} holds no `word PHONEME ...` line; check the mirror")
+    kept = "stress digits kept" if stress else f"stress digits stripped, {same:,} alternates then the same written once"
     return (
-        f"{dest}: {len(seen):,} words written, first pronunciation each ({dropped:,} alternate pronunciations "
-        f"dropped, {comments:,} comments stripped, stress digits stripped)"
+        f"{dest}: {len(words):,} words, {len(written):,} pronunciations, one per line ({comments:,} comments "
+        f"stripped, {kept})"
     )
 
+
+def cmudict_with_stress(source: Path, dest: Path) -> str:
+    return cmudict_to_tsv(source, dest, stress=True)
+
+
+CMUDICT_URL = "https://raw.githubusercontent.com/cmusphinx/cmudict/master/cmudict.dict"
+CMUDICT_SHA256 = "81917843c7f44ce2b094ac63873c2c7a4cf802040792c455ba3ca406891c3d22"
 
 CORPORA = {
     "tinyshakespeare": BuiltinCorpus(
@@ -300,14 +312,28 @@ CORPORA = {
     # (135,166 lines), the file this URL served at the version that package took.
     "cmudict": BuiltinCorpus(
         "cmudict",
-        "https://raw.githubusercontent.com/cmusphinx/cmudict/master/cmudict.dict",
-        "81917843c7f44ce2b094ac63873c2c7a4cf802040792c455ba3ca406891c3d22",
+        CMUDICT_URL,
+        CMUDICT_SHA256,
         Path("data/cmudict.tsv"),
         "CHARLM_CMUDICT_URL",
         title="CMUdict",
-        text_sha256="a14512663834505c7560f96f5f8b6256070b54a7a268d1c27929eeb7900fa961",  # of data/cmudict.tsv
-        about="126,052 English words, each with its ARPAbet phonemes: word<TAB>phonemes pairs for grapheme-to-phoneme",
+        text_sha256="14712d023f5ee3ab6f8f184d797b5595f6d1cfb751551bca60bff1ef4d9856aa",  # of data/cmudict.tsv
+        about="126,052 English words, 134,860 ARPAbet pronunciations (stress stripped): word<TAB>phonemes pairs for "
+        "grapheme-to-phoneme",
         convert=cmudict_to_tsv,
+        fetched_suffix=".dict",
+    ),
+    # The same dictionary with the vowels' stress digits kept (AH0, EY1): the harder 70-odd-symbol task.
+    "cmudict-stress": BuiltinCorpus(
+        "cmudict-stress",
+        CMUDICT_URL,
+        CMUDICT_SHA256,
+        Path("data/cmudict-stress.tsv"),
+        "CHARLM_CMUDICT_URL",
+        title="CMUdict with stress",
+        text_sha256="7661a20e81ea14af234b4217f8413d206eecdf076405f7434e8ee5937dcccc40",  # of data/cmudict-stress.tsv
+        about="CMUdict with the stress digits kept: 135,164 pronunciations",
+        convert=cmudict_with_stress,
         fetched_suffix=".dict",
     ),
 }

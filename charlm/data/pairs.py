@@ -1,13 +1,15 @@
 """Paired data (data.format: pairs): source<TAB>target lines read, checked, split, and batched with padding.
 
 Every problem line is counted and the first few are named; the file is refused unless data.skip_bad_lines is set.
-The split is by lines: a shuffle seeded by SPLIT_SEED (the same for every run of a file), then the validation and
-test lines are taken from the end, as the text format takes its splits from the end of the text.
+The split is by sources: the lines of one source stay together, the sources are shuffled with SPLIT_SEED (the same
+for every run of a file), then the validation and test sources are taken from the end, as the text format takes its
+splits from the end of the text. (With every source on one line, that is a shuffle of the lines.)
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 from pathlib import Path
 
 import torch
@@ -16,7 +18,7 @@ from torch import nn
 from charlm.config.schema import DataConfig
 from charlm.data.corpus import IGNORE, read_text
 from charlm.data.records import RecordSplits
-from charlm.data.tokenizer import BOS, EOS, PAD, SPECIAL_CHARS, CharTokenizer, Tokenizer
+from charlm.data.tokenizer import BOS, EOS, PAD, SPECIAL_CHARS, UNKNOWN_CHAR, CharTokenizer, Tokenizer, UnknownPolicy
 from charlm.errors import UsageError
 from charlm.hardware.device import autocast
 
@@ -62,15 +64,26 @@ def read_pairs(path: str | Path, block_size: int, skip_bad: bool, say: Callable[
     return pairs
 
 
-def pair_tokenizer(pairs: list[tuple[str, str]]) -> CharTokenizer:
-    """PAD, BOS, EOS, then every character of both sides, sorted."""
-    return CharTokenizer(SPECIAL_CHARS + sorted({c for s, t in pairs for c in s + t}))
+def pair_tokenizer(pairs: list[tuple[str, str]], with_unknown: bool = False) -> CharTokenizer:
+    """PAD, BOS, EOS, then every character of both sides and (with_unknown) the unknown symbol, sorted."""
+    chars = {c for s, t in pairs for c in s + t} | ({UNKNOWN_CHAR} if with_unknown else set())
+    return CharTokenizer(SPECIAL_CHARS + sorted(chars))
 
 
 class PairCorpus(RecordSplits[Pair]):
-    """A paired file, encoded and split by lines."""
+    """A paired file, encoded and split by sources: the lines of one source (a word's alternate pronunciations) stay
+    on one side of the split, so no test word was trained on with another of its answers."""
 
     unit = "lines"
+    group_unit = "sources"
+
+    @classmethod
+    def group_of(cls, record: Pair, index: int) -> Any:
+        return tuple(record[0])
+
+    # For each file read so far (the test file is read when asked for): the characters the model never saw that
+    # were replaced (--unknown replace), and the lines that held one (replaced, or left out with --unknown skip).
+    unknown_counts: Mapping[str, tuple[int, int]] = {}  # noqa: RUF012  (replaced per instance, never mutated)
 
     @classmethod
     def from_config(
@@ -80,24 +93,49 @@ class PairCorpus(RecordSplits[Pair]):
         tokenizer: Tokenizer | None = None,
         say: Callable[[str], None] = lambda _: None,
         hint: str = "",
+        unknown: UnknownPolicy = "error",
+        replacement: str | None = None,
     ) -> PairCorpus:
+        """The pairs of data.path (and of the given split files), in `tokenizer`'s characters (default: a vocabulary
+        of the training file's). Characters it lacks are refused by name (`unknown` error), their lines left out
+        (skip), or read as the replacement (replace; default: the learned unknown symbol when the model has one)."""
         strings = read_pairs(data.path, block_size, data.skip_bad_lines, say)
-        model_tokenizer = tokenizer or pair_tokenizer(strings)
+        model_tokenizer = tokenizer or pair_tokenizer(strings, data.unknown_dropout > 0)
+        known = set(model_tokenizer.chars)
+        counts: dict[str, tuple[int, int]] = {}
 
         def encoded(path: str, strings: list[tuple[str, str]], hint: str) -> list[Pair]:
-            unknown = sorted({c for s, t in strings for c in s + t} - set(model_tokenizer.chars))
-            if unknown:
-                shown = ", ".join(f"{c!r} (U+{ord(c):04X})" for c in unknown[:10])
+            unseen = sorted({c for s, t in strings for c in s + t} - known)
+            if unseen and unknown == "error":
+                shown = ", ".join(f"{c!r} (U+{ord(c):04X})" for c in unseen[:10])
                 raise UsageError(
                     f"{path} has characters the model has never seen: {shown}" + (f"; {hint}" if hint else "")
                 )
-            return [(model_tokenizer.encode(s), model_tokenizer.encode(t)) for s, t in strings]
+            if unseen:
+                held = [sum(c not in known for c in s + t) for s, t in strings]
+                counts[path] = (sum(held) if unknown == "replace" else 0, sum(n > 0 for n in held))
+                if unknown == "skip":
+                    strings = [pair for pair, n in zip(strings, held, strict=True) if not n]
+            fill = pair_replacement(model_tokenizer, replacement)
+            encode = model_tokenizer.encode
+            return [(encode(s, unknown, fill), encode(t, unknown, fill)) for s, t in strings]
 
         def read_given(path: str) -> list[Pair]:  # a split given as its own file, in the training file's characters
             fix = hint if tokenizer is not None else f"remove them, or add lines that use them to {data.path}"
             return encoded(path, read_pairs(path, block_size, data.skip_bad_lines, say), fix)
 
-        return cls.shuffled(model_tokenizer, encoded(data.path, strings, hint), data, read_given)
+        corpus = cls.shuffled(model_tokenizer, encoded(data.path, strings, hint), data, read_given)
+        corpus.unknown_counts = counts
+        return corpus
+
+
+def pair_replacement(tokenizer: Tokenizer, replacement: str | None) -> str | None:
+    """What `--unknown replace` puts in a pair for a character the model never saw: the given character, else the
+    learned unknown symbol (data.unknown_dropout), else a space, else the first real character (never a special)."""
+    chars = getattr(tokenizer, "chars", [])
+    if replacement is not None or not chars:
+        return replacement
+    return next(c for c in (UNKNOWN_CHAR, " ", chars[len(SPECIAL_CHARS)]) if c in chars)
 
 
 def pad_batch(pairs: list[Pair], device: torch.device) -> tuple[tuple[torch.Tensor, torch.Tensor], torch.Tensor]:
@@ -124,8 +162,17 @@ class PairBatches:
     trained on once per pass. The generator, the pass's order and the place in it are the state a resume needs.
     """
 
-    def __init__(self, pairs: list[Pair], batch_size: int, device: torch.device, seed: int):
+    def __init__(
+        self,
+        pairs: list[Pair],
+        batch_size: int,
+        device: torch.device,
+        seed: int,
+        unknown_id: int | None = None,
+        unknown_dropout: float = 0.0,
+    ):
         self.pairs, self.batch_size, self.device = pairs, min(batch_size, len(pairs)), device
+        self.unknown_id, self.unknown_dropout = unknown_id, unknown_dropout  # data.unknown_dropout
         self.by_length = sorted(range(len(pairs)), key=lambda i: (len(pairs[i][1]), len(pairs[i][0])))
         self.generator = torch.Generator().manual_seed(seed)
         self.order: list[int] = []  # where each run of this pass starts in by_length (the first may be negative)
@@ -142,7 +189,14 @@ class PairBatches:
         self.cursor += 1
         batch = [self.pairs[i] for i in self.by_length[max(start, 0) : start + self.batch_size]]
         self.last_tokens = sum(len(t) + 1 for _, t in batch)
-        return pad_batch(batch, self.device)
+        if self.unknown_id is None or not self.unknown_dropout:
+            return pad_batch(batch, self.device)
+        (src, tgt_in), targets = pad_batch(batch, torch.device("cpu"))
+        # Source characters read as the unknown symbol now and then, drawn from the batches' own generator (so a
+        # resumed run draws the same): the model learns what to write for a character it cannot read.
+        dropped = (torch.rand(src.shape, generator=self.generator) < self.unknown_dropout) & (src != PAD)
+        src = torch.where(dropped, self.unknown_id, src)
+        return (src.to(self.device), tgt_in.to(self.device)), targets.to(self.device)
 
     def state_dict(self) -> dict:
         return {"generator": self.generator.get_state(), "order": list(self.order), "cursor": self.cursor}

@@ -23,6 +23,12 @@ class RecordSplits(Generic[Record]):
     """A file's records, encoded and split."""
 
     unit: ClassVar[str] = "records"  # what messages call a record: lines, items
+    group_unit: ClassVar[str] = "records"  # what the split counts: records, or the groups that stay together
+
+    @classmethod
+    def group_of(cls, record: Any, index: int) -> Any:
+        """What keeps records on one side of the split (each record its own group unless a format says otherwise)."""
+        return index
 
     tokenizer: Tokenizer
     train: list[Record]
@@ -42,9 +48,16 @@ class RecordSplits(Generic[Record]):
         given as its own file (data.val_path, data.test_path) is read by `read_given` instead, the test file only
         when the test split is asked for."""
         val_path, test_path = given_file(data, "val"), given_file(data, "test")
-        random.Random(SPLIT_SEED).shuffle(records)
-        n_train, n_val, _ = split_sizes(len(records), data, data.path, cls.unit)
-        train, val, test = records[:n_train], records[n_train : n_train + n_val], records[n_train + n_val :]
+        groups: dict[Any, list[Any]] = {}  # records that must stay together, in file order
+        for i, record in enumerate(records):
+            groups.setdefault(cls.group_of(record, i), []).append(record)
+        shuffled = list(groups.values())  # with one record a group, the same shuffle as of the records themselves
+        random.Random(SPLIT_SEED).shuffle(shuffled)
+        n_train, n_val, _ = split_sizes(len(shuffled), data, data.path, cls.group_unit)
+        train, val, test = (
+            [r for group in part for r in group]
+            for part in (shuffled[:n_train], shuffled[n_train : n_train + n_val], shuffled[n_train + n_val :])
+        )
         if val_path:
             val = read_given(val_path)
         return cls(tokenizer, train, val, test, data.path, val_path, test_path, read_given)

@@ -17,6 +17,9 @@ REPLACEMENT = "\ufffd"  # what a byte sequence that is not UTF-8 shows as
 # PAD), the first three ids of such a vocabulary.
 PAD, BOS, EOS = 0, 1, 2
 SPECIAL_CHARS = ["\x00", "\x02", "\x03"]  # NUL, STX, ETX: the characters of ids 0, 1, 2 in a paired vocabulary
+# The unknown symbol (U+001A SUBSTITUTE, ASCII's mark for a character that cannot be shown): a paired vocabulary
+# trained with data.unknown_dropout holds it, and `--unknown replace` then puts it where a character is unknown.
+UNKNOWN_CHAR = "\x1a"
 
 
 def check_unknown_policy(unknown: str) -> None:
@@ -73,8 +76,8 @@ class CharTokenizer:
         return sorted(set(text) - self.stoi.keys())
 
     def _replacement_id(self, replacement: str | None) -> int:
-        if replacement is None:
-            replacement = " " if " " in self.stoi else self.chars[0]
+        if replacement is None:  # the learned unknown symbol, else a space, else the first character
+            replacement = next(c for c in (UNKNOWN_CHAR, " ", self.chars[0]) if c in self.stoi)
         if replacement not in self.stoi:
             raise UsageError(f"the replacement character {replacement!r} is not in the vocabulary; choose one that is")
         return self.stoi[replacement]

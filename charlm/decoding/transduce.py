@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import torch
 
@@ -170,18 +171,27 @@ def edit_distance(a: list, b: list) -> int:
 
 @dataclass
 class TransductionResult:
-    """`charlm eval` on pairs: target loss, and how often and how far the decoded targets miss the references."""
+    """`charlm eval` on pairs: target loss, and how often and how far the decoded targets miss the references.
 
-    loss: float  # nats per target character (EOS included), teacher-forced
-    exact_match: float  # fraction of lines decoded exactly (word accuracy for G2P)
+    A source listed on several lines (CMUdict's alternate pronunciations) is decoded once and has them all as its
+    references: its hypothesis is right if it equals any of them, and its character and token errors are counted
+    against the closest one (the protocol of the published G2P figures). `single_reference` holds the same figures
+    with each line scored on its own, its hypothesis against that line's target alone."""
+
+    loss: float  # nats per target character (EOS included), teacher-forced, over every line
+    exact_match: float  # fraction of sources decoded as one of their references (word accuracy for G2P)
     word_error_rate: float  # 1 - exact_match
-    char_error_rate: float  # edit distance over reference characters, summed over lines
+    char_error_rate: float  # edit distance to the closest reference, over those references' characters
     token_error_rate: float | None  # the same over whitespace-separated tokens (phoneme error rate for G2P)
     lines: int
     chars: int  # target characters scored by the loss
     split: str = "val"
     file: str = ""
     beam: int = 1
+    sources: int = 0  # distinct sources scored (= lines when each has one reference)
+    unknown_chars: int = 0  # characters the model never saw in the file scored, replaced (--unknown replace)
+    unknown_lines: int = 0  # the file's lines that held one (replaced, or left out with --unknown skip)
+    single_reference: dict[str, Any] = field(default_factory=dict)  # the figures line by line
 
     @property
     def bpc(self) -> float:
@@ -191,6 +201,26 @@ class TransductionResult:
         return {**asdict(self), "bpc": self.bpc}
 
 
+def error_rates(references: list[list[str]], hypotheses: list[str]) -> dict[str, Any]:
+    """Word, character and token error rates of one hypothesis per source against that source's references: right if
+    it equals any; edits counted against the reference closest in characters (tokens: closest in tokens), the
+    shorter one where two are as close (the higher rate: a tie never flatters)."""
+    exact = chars = char_errors = tokens = token_errors = 0
+    for refs, hyp in zip(references, hypotheses, strict=True):
+        exact += hyp in refs
+        char_error, ref_chars = min((edit_distance(list(r), list(hyp)), len(r)) for r in refs)
+        token_error, ref_tokens = min((edit_distance(r.split(), hyp.split()), len(r.split())) for r in refs)
+        chars, char_errors = chars + ref_chars, char_errors + char_error
+        tokens, token_errors = tokens + ref_tokens, token_errors + token_error
+    has_tokens = any(" " in r for refs in references for r in refs)  # whitespace-separated targets: phonemes, words
+    return {
+        "exact_match": exact / len(references),
+        "word_error_rate": 1 - exact / len(references),
+        "char_error_rate": char_errors / max(chars, 1),
+        "token_error_rate": token_errors / max(tokens, 1) if has_tokens else None,
+    }
+
+
 def score_pairs(
     model: EncoderDecoder,
     decode: Callable[[list[int]], str],
@@ -198,26 +228,24 @@ def score_pairs(
     options: DecodeOptions,
     batch_size: int = 64,
 ) -> TransductionResult:
-    """Teacher-forced loss and decoded metrics of `pairs`; `decode` turns target ids into text."""
+    """Teacher-forced loss and decoded metrics of `pairs`, each distinct source decoded once and scored against all
+    of its references; `decode` turns target ids into text."""
     device = next(model.parameters()).device
     total, count = pairs_total(model, pairs, device, batch_size)
-    hypotheses = transduce(model, [s for s, _ in pairs], options)
-    exact = chars = char_errors = tokens = token_errors = 0
-    for (_, reference), hypothesis in zip(pairs, hypotheses, strict=True):
-        ref_text, hyp_text = decode(reference), decode(hypothesis)
-        exact += ref_text == hyp_text
-        chars += len(ref_text)
-        char_errors += edit_distance(list(ref_text), list(hyp_text))
-        tokens += len(ref_text.split())
-        token_errors += edit_distance(ref_text.split(), hyp_text.split())
-    has_tokens = any(" " in decode(t) for _, t in pairs)  # whitespace-separated targets: phonemes, words
+    references: dict[tuple[int, ...], list[str]] = {}
+    for source, target in pairs:
+        references.setdefault(tuple(source), []).append(decode(target))
+    sources = list(references)
+    decoded = dict(
+        zip(sources, (decode(h) for h in transduce(model, [list(s) for s in sources], options)), strict=True)
+    )
+    by_line = error_rates([[decode(t)] for _, t in pairs], [decoded[tuple(s)] for s, _ in pairs])
     return TransductionResult(
+        **error_rates(list(references.values()), [decoded[s] for s in sources]),
         loss=total / count,
-        exact_match=exact / len(pairs),
-        word_error_rate=1 - exact / len(pairs),
-        char_error_rate=char_errors / max(chars, 1),
-        token_error_rate=token_errors / max(tokens, 1) if has_tokens else None,
         lines=len(pairs),
         chars=count,
         beam=options.beam,
+        sources=len(sources),
+        single_reference={**by_line, "lines": len(pairs)},
     )

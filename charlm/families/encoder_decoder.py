@@ -12,7 +12,7 @@ from torch import nn
 from charlm.config.schema import Config, ModelConfig
 from charlm.data.corpus import for_file
 from charlm.data.pairs import PairBatches, PairCorpus, pairs_total
-from charlm.data.tokenizer import BOS, SPECIAL_CHARS, UnknownPolicy
+from charlm.data.tokenizer import BOS, SPECIAL_CHARS, UNKNOWN_CHAR, UnknownPolicy
 from charlm.decoding.options import DecodeOptions, field_name
 from charlm.decoding.stepped import GraphRuntime, RuntimeCheck
 from charlm.decoding.transduce import TransductionResult, score_pairs, transduce
@@ -36,7 +36,9 @@ class EncoderDecoderFamily(Family):
     attention_parts = ("encoder", "decoder", "cross")
 
     def batches(self, config: Config, corpus: AnyCorpus, device: torch.device, seed: int) -> PairBatches:
-        return PairBatches(cast(PairCorpus, corpus).train, config.train.batch_size, device, seed)
+        unknown_id = getattr(corpus.tokenizer, "stoi", {}).get(UNKNOWN_CHAR)  # pairs are read as characters
+        pairs = cast(PairCorpus, corpus).train
+        return PairBatches(pairs, config.train.batch_size, device, seed, unknown_id, config.data.unknown_dropout)
 
     def periodic_losses(
         self, config: Config, corpus: AnyCorpus, device: torch.device, amp: torch.dtype | None, dist: Dist
@@ -72,7 +74,8 @@ class EncoderDecoderFamily(Family):
     def score(self, loaded: Loaded, data: str | None, split: str | None, options: dict[str, Any]) -> Any:
         if options.get("stride") is not None:
             raise UsageError("--stride slides windows over a text; an encoder-decoder is scored line by line")
-        return evaluate_pairs(loaded, data, split, options.get("beam", 1), options.get("batch_size", 64))
+        keys = ("beam", "batch_size", "unknown", "replace_with")
+        return evaluate_pairs(loaded, data, split, **{k: options[k] for k in keys if k in options})
 
     def card(self, loaded: Loaded, steps: int, folder: Path, files: str) -> str:
         data = loaded.config.data
@@ -116,7 +119,7 @@ def encode_source(
     if not source:
         raise UsageError("a source must have at least one character")
     chars = loaded.tokenizer.chars
-    if unknown == "replace" and replace_with is None and " " not in chars:
+    if unknown == "replace" and replace_with is None and " " not in chars and UNKNOWN_CHAR not in chars:
         replace_with = chars[len(SPECIAL_CHARS)]  # the first real character, never padding
     ids = loaded.encode_prompt(source, unknown, replace_with)
     block_size = loaded.config.model.block_size
@@ -143,20 +146,33 @@ def transduction_attention(loaded: Loaded, source: str, unknown: UnknownPolicy =
 
 
 def evaluate_pairs(
-    loaded: Loaded, path: str | Path | None = None, split: str | None = None, beam: int = 1, batch_size: int = 64
+    loaded: Loaded,
+    path: str | Path | None = None,
+    split: str | None = None,
+    beam: int = 1,
+    batch_size: int = 64,
+    unknown: UnknownPolicy = "error",
+    replace_with: str | None = None,
 ) -> TransductionResult:
-    """charlm.Model.evaluate_pairs: target loss, exact match, character and token error rates on a paired file."""
+    """charlm.Model.evaluate_pairs: target loss, exact match, character and token error rates on a paired file (every
+    reference of a source counted); characters the model never saw are refused, skipped or replaced (`unknown`)."""
     module = loaded.family.as_encoder_decoder(loaded)
     own = loaded.config.data.path
     given = str(path) if path is not None else own
     split = split or ("val" if same_file(given, own) else "all")
     data = for_file(loaded.config.data, given)
     room = loaded.config.model.block_size
-    corpus = PairCorpus.from_config(data, room, loaded.tokenizer)
+    hint = "use --unknown replace to read them as the unknown symbol, or --unknown skip to leave their lines out"
+    corpus = PairCorpus.from_config(data, room, loaded.tokenizer, hint=hint, unknown=unknown, replacement=replace_with)
+    scored = corpus.split(split)
+    if not scored:
+        raise UsageError(f"the {split} split of {given} holds no line to score (--unknown skip left them all out?)")
     options = DecodeOptions(beam=beam, batch_size=batch_size, temperature=0.0, max_new_tokens=room).checked(field_name)
     with loaded.scoring_kernels():
-        result = score_pairs(module, loaded.tokenizer.decode, corpus.split(split), options, batch_size)
+        result = score_pairs(module, loaded.tokenizer.decode, scored, options, batch_size)
     result.split, result.file = split, given
+    split_file = {"val": data.val_path, "test": data.test_path}.get(split) or data.path
+    result.unknown_chars, result.unknown_lines = corpus.unknown_counts.get(split_file, (0, 0))
     return result
 
 

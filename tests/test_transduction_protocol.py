@@ -1,0 +1,137 @@
+"""Transduction measured as the field measures it: every reference of a source counts, a source's lines stay on one
+side of the split, and characters the model never saw are read as a learned unknown symbol when asked."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import assert_one_line_error, assert_resume_is_exact, run_cli, train_cli
+from test_encdec import SHAPE
+
+import charlm
+from charlm.config.schema import load_config
+from charlm.data.pairs import PairBatches, PairCorpus
+from charlm.data.records import SPLIT_SEED
+from charlm.data.tokenizer import UNKNOWN_CHAR
+from charlm.decoding.options import DecodeOptions
+from charlm.decoding.transduce import error_rates, score_pairs, transduce
+from charlm.errors import UsageError
+from charlm.models.encoder_decoder import EncoderDecoder
+
+
+def test_a_hypothesis_matching_only_the_second_reference_is_right():
+    rates = error_rates([["R EH D", "R IY D"]], ["R IY D"])
+    assert rates["word_error_rate"] == 0.0 and rates["token_error_rate"] == 0.0
+    near = error_rates([["K AE T", "R IY D Z"]], ["R IY D"])  # wrong, and closest to the second reference
+    assert near["word_error_rate"] == 1.0
+    assert near["token_error_rate"] == pytest.approx(1 / 4)  # R IY D Z: 1 edit of 4 (K AE T: 3 of 3)
+    assert near["char_error_rate"] == pytest.approx(2 / 8)  # " Z" missing from the 8 characters of R IY D Z
+    tie = error_rates([["R EH D", "R IY D Z"]], ["R IY D"])  # one token from either: the shorter is taken
+    assert tie["token_error_rate"] == pytest.approx(1 / 3)
+
+
+def test_score_pairs_groups_a_sources_lines_and_keeps_the_line_by_line_figures(tmp_path):
+    data = tmp_path / "pairs.tsv"
+    data.write_text("abc\tcba\nbca\tacb\n")
+    config = load_config("tiny", [*SHAPE[1::2], f"data.path={data}"])
+    corpus = PairCorpus.from_config(config.data, config.model.block_size)
+    torch.manual_seed(0)
+    model = EncoderDecoder(config.model, corpus.tokenizer.vocab_size)
+    options = DecodeOptions(temperature=0.0, max_new_tokens=8)
+    sources = [corpus.tokenizer.encode(s) for s in ("abc", "bca")]
+    hypotheses = [corpus.tokenizer.decode(h) for h in transduce(model, sources, options)]
+    assert all(hypotheses), "an untrained model still writes something before its end symbol"
+    encode = corpus.tokenizer.encode
+    wrong = {h: "".join(sorted(set("abc") - set(h[:1]))) or "a" for h in hypotheses}
+    # each source twice: first a reference the model did not write, then the one it did
+    pairs = [(s, encode(t)) for s, h in zip(sources, hypotheses, strict=True) for t in (wrong[h], h)]
+    result = score_pairs(model, corpus.tokenizer.decode, pairs, options)
+    assert (result.sources, result.lines) == (2, 4)
+    assert result.word_error_rate == 0.0 and result.exact_match == 1.0
+    assert result.single_reference["word_error_rate"] == 0.5 and result.single_reference["lines"] == 4
+
+
+def test_a_sources_lines_stay_on_one_side_and_unique_sources_split_as_before(tmp_path):
+    r = random.Random(1)
+    words = sorted({"".join(r.choice("abcdef") for _ in range(6)) for _ in range(300)})
+    alternates = tmp_path / "alternates.tsv"
+    alternates.write_text("".join(f"{w}\t{w[::-1]}\n{w}\t{w.upper()}\n" for w in words))
+    config = load_config("tiny", [*SHAPE[1::2], f"data.path={alternates}", "data.val_size=30", "data.test_size=30"])
+    corpus = PairCorpus.from_config(config.data, config.model.block_size)
+    sides = [{tuple(s) for s, _ in corpus.split(name)} for name in ("train", "val", "test")]
+    assert [len(side) for side in sides] == [len(words) - 60, 30, 30]  # sizes count sources
+    assert not (sides[0] & sides[1] or sides[0] & sides[2] or sides[1] & sides[2])
+    assert len(corpus.split("test")) == 60  # both lines of each test word
+
+    unique = tmp_path / "unique.tsv"
+    unique.write_text("".join(f"{w}\t{w[::-1]}\n" for w in words))
+    config = load_config("tiny", [*SHAPE[1::2], f"data.path={unique}"])
+    corpus = PairCorpus.from_config(config.data, config.model.block_size)
+    lines = [(corpus.tokenizer.encode(w), corpus.tokenizer.encode(w[::-1])) for w in words]
+    random.Random(SPLIT_SEED).shuffle(lines)  # the split of every pairs run before sources were grouped
+    assert corpus.train + corpus.val == lines
+
+
+@pytest.fixture(scope="module")
+def unknown_run(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("unknown")
+    r = random.Random(0)
+    words = ["".join(r.choice("abcdefgh") for _ in range(r.randint(3, 6))) for _ in range(3000)]
+    data = folder / "train.tsv"
+    data.write_text("".join(f"{w}\t{w[::-1]}\n" for w in words))
+    sets = {"data.unknown_dropout": 0.1, "train.eval_interval": 1000}
+    result = run_cli(*train_cli(data, folder / "run", steps=150, config=["--config", "tiny", *SHAPE], sets=sets))
+    assert result.returncode == 0, result.stderr
+    return folder / "run"
+
+
+def test_unseen_characters_are_read_as_the_learned_unknown_symbol(unknown_run, tmp_path):
+    model = charlm.load(unknown_run)
+    assert UNKNOWN_CHAR in model.tokenizer.chars  # data.unknown_dropout put it in the vocabulary
+    ids = model.encode_source("abzd", "replace")
+    assert ids[2] == model.tokenizer.stoi[UNKNOWN_CHAR]
+    assert len(model.transduce("abzd", unknown="replace")) >= 3
+
+    test = tmp_path / "test.tsv"
+    test.write_text("abc\tcba\nazzb\tbzza\ncdh\thdc\n")
+    refused = run_cli("eval", unknown_run, "--data", test)
+    assert_one_line_error(refused, 2, "'z' (U+007A)", "--unknown replace")
+    scored = run_cli("eval", unknown_run, "--data", test, "--unknown", "replace", "--json")
+    assert scored.returncode == 0, scored.stderr
+    figures = json.loads(scored.stdout)
+    assert (figures["unknown_chars"], figures["unknown_lines"], figures["lines"]) == (4, 1, 3)
+    said = run_cli("eval", unknown_run, "--data", test, "--unknown", "replace", check=True)
+    assert "1 lines of" in said.stderr and "4 such characters replaced" in said.stderr
+    skipped = json.loads(run_cli("eval", unknown_run, "--data", test, "--unknown", "skip", "--json").stdout)
+    assert (skipped["lines"], skipped["unknown_lines"]) == (2, 1)
+
+    words = tmp_path / "words.txt"
+    words.write_text("abc\nazzb\n")
+    sampled = run_cli("sample", unknown_run, "--prompt-file", words, "--unknown", "replace")
+    assert sampled.returncode == 0, sampled.stderr
+    assert "2 characters the model never saw, in 1 of 2 sources, read as the unknown symbol" in sampled.stderr
+    assert [line.split("\t")[0] for line in sampled.stdout.splitlines()] == ["abc", "azzb"]
+
+
+def test_unknown_dropout_draws_from_the_batches_generator_and_resumes_exactly(tmp_path):
+    data = tmp_path / "pairs.tsv"
+    data.write_text("".join(f"{w}\t{w[::-1]}\n" for w in ("abcd", "bcad", "cabbd", "dda", "acdb") * 40))
+    config = load_config("tiny", [*SHAPE[1::2], f"data.path={data}", "data.unknown_dropout=0.3"])
+    corpus = PairCorpus.from_config(config.data, config.model.block_size)
+    unk = corpus.tokenizer.stoi[UNKNOWN_CHAR]
+    batches = PairBatches(corpus.train, 32, torch.device("cpu"), 0, unk, 0.3)
+    (src, _), _ = batches.next_batch()
+    share = (src == unk).sum() / (src != 0).sum()
+    assert 0.15 < share < 0.45
+    common = ["train", "--config", "tiny", *SHAPE, "--data", data, "--set", "data.unknown_dropout=0.2"]
+    common += ["--set", "train.eval_interval=3", "--set", "train.log_interval=1"]  # every step's loss compared
+    assert_resume_is_exact(common, tmp_path, steps=12)
+
+
+def test_unknown_dropout_is_for_pairs():
+    with pytest.raises(UsageError, match="data.unknown_dropout .* is for data.format pairs"):
+        load_config("tiny", ["data.unknown_dropout=0.1"])
