@@ -135,7 +135,21 @@ def test_the_encoder_decoder_export_rewrites_as_charlm_does(encoder_decoder, tmp
     sampled = ("--prompt", "abcdef", "--temperature", "1", "--seed", "3")
     assert sample_json(folder, *sampled)["targets"] == sample_json(ckpt, *sampled)["targets"]
     assert_one_line_error(run_cli("sample", folder, "--prompt", "abc", "--beam", "3"), 2, "beam", "ONNX export")
-    assert_one_line_error(run_cli("eval", folder), 2, "encoder-decoder", "safetensors")
+    assert_one_line_error(run_cli("eval", folder, "--beam", "3"), 2, "beam", "ONNX export")
+
+
+def test_the_encoder_decoder_export_is_scored_as_the_checkpoint_is(encoder_decoder, tmp_path):
+    ckpt, folder = encoder_decoder
+    pairs = tmp_path / "pairs.tsv"  # a word twice, with two targets: scored against both
+    pairs.write_text("abcde\tedcba\nabcde\tabcde\njihgf\tfghij\nbad\tdab\nhij\tjih\n", encoding="utf-8")
+    through, reference = (
+        json.loads(run_cli("eval", m, "--data", pairs, "--json", check=True).stdout) for m in (folder, ckpt)
+    )
+    assert through["runtime"] == "onnxruntime" and reference["runtime"] == "torch"
+    assert through["loss"] == pytest.approx(reference["loss"], abs=TOLERANCE)
+    for key in ("word_error_rate", "char_error_rate", "lines", "sources", "single_reference"):
+        assert through[key] == reference[key], key
+    assert (through["lines"], through["sources"]) == (5, 4)
 
 
 def test_the_encoder_export_fills_and_scores_as_charlm_does(tmp_path, corpus):

@@ -68,5 +68,5 @@ def test_eval_stride_on_the_command_line(tiny_checkpoint, corpus):
 
 def test_a_run_without_a_test_split_says_so(tiny_checkpoint):
     model = charlm.load(tiny_checkpoint, "cpu")
-    with pytest.raises(UsageError, match="has no test split: set data.test_size or data.test_fraction"):
+    with pytest.raises(UsageError, match="has no test split: set data.test_path, data.test_size or data.test_fraction"):
         model.evaluate(split="test")

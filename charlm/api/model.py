@@ -159,11 +159,23 @@ class Model:
         return text.evaluate_text(self, text_or_path, split, unknown, replace_with, batch_size, stride)
 
     def evaluate_pairs(
-        self, path: str | Path | None = None, split: str | None = None, beam: int = 1, batch_size: int = 64
+        self,
+        path: str | Path | None = None,
+        split: str | None = None,
+        beam: int = 1,
+        batch_size: int = 64,
+        unknown: UnknownPolicy = "error",
+        replace_with: str | None = None,
     ) -> TransductionResult:
         """An encoder-decoder on a paired file (default: its own, val split): target loss, exact match, character
-        and token error rates of greedy (or beam) decoding."""
-        return pairs.evaluate_pairs(self, path, split, beam, batch_size)
+        and token error rates of greedy (or beam) decoding, a source right if it matches any of its lines;
+        characters the model never saw refused, their lines skipped, or replaced (`unknown`)."""
+        return pairs.evaluate_pairs(self, path, split, beam, batch_size, unknown, replace_with)
+
+    def pair_scorer(self, beam: int) -> Any:
+        """What scores an encoder-decoder's pairs in evaluate_pairs: None, the torch model's own score_pairs (an
+        export run by another runtime gives its own)."""
+        return None
 
     def evaluate_masked(self, path: str | Path | None = None, split: str | None = None) -> MaskedResult:
         """An encoder on a text (default: its own corpus, val split): 15% of each window hidden as in training

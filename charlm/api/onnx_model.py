@@ -8,14 +8,17 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 from charlm.api import model as api
 from charlm.api.model import Model, load_model_file
+from charlm.data.corpus import IGNORE
+from charlm.data.pairs import Pair, in_batches, pad_batch
 from charlm.data.tokenizer import UnknownPolicy
 from charlm.decoding.generate import SampleResult
 from charlm.decoding.options import DecodeOptions, field_name
 from charlm.decoding.stepped import sample_stepped, transduce_stepped
-from charlm.decoding.transduce import TransductionResult
+from charlm.decoding.transduce import TransductionResult, against_references
 from charlm.errors import UsageError
 from charlm.storage.onnx_export import OnnxExport, Written, is_onnx_export, read_onnx_export
 from charlm.storage.onnx_runtime import OnnxForward
@@ -73,13 +76,28 @@ class OnnxModel(Model):
         targets = [self.tokenizer.decode(t) for t in found]
         return targets[0] if isinstance(sources, str) else targets
 
-    def score(self, data: str | None = None, split: str | None = None, **options: Any) -> Any:
-        if self.family.rewrites_sources:  # scored by decoding whole targets: torch's transduction
-            raise self.torch_only("`charlm eval` of an encoder-decoder")
-        return super().score(data, split, **options)
+    def pair_scorer(self, beam: int) -> Any:
+        """An encoder-decoder export is scored as the torch model is: the teacher-forced loss through the decoder
+        graph, greedy targets through the encoder and decoder-step graphs."""
+        if beam > 1:
+            raise self.torch_only("beam search (--beam)")
+        return self._score_pairs
 
-    def evaluate_pairs(self, *args: Any, **kwargs: Any) -> TransductionResult:
-        raise self.torch_only("evaluate_pairs")
+    def _score_pairs(self, scored: list[Pair], options: DecodeOptions, batch_size: int) -> TransductionResult:
+        total, count = 0.0, 0
+        for batch in in_batches(scored, batch_size):
+            (src, tgt_in), targets = pad_batch(batch, torch.device("cpu"))
+            logits, _ = self.onnx.target_step(tgt_in, 0, None, self.onnx.encode(src))  # (B, T, V), every position
+            total += F.cross_entropy(
+                logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE, reduction="sum"
+            ).item()
+            count += int((targets != IGNORE).sum())
+        room = self.config.model.block_size
+
+        def rewrite(sources: list[list[int]]) -> list[list[int]]:
+            return transduce_stepped(self.onnx.encode, self.onnx.target_step, sources, options, room - 1)
+
+        return against_references(self.tokenizer.decode, scored, total, count, rewrite, options)
 
     def attention(self, prompt: str, unknown: UnknownPolicy = "error") -> torch.Tensor:
         raise self.torch_only("attention maps")

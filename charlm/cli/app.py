@@ -15,6 +15,7 @@ from charlm.cli import sweep_command as cli_sweep
 from charlm.cli.support import (
     CHECKPOINT_HELP,
     DEVICE_HELP,
+    REPLACE_HELP,
     ConfigOption,
     Corpus,
     DeviceOption,
@@ -257,9 +258,7 @@ def eval_(
         ),
     ] = None,
     unknown: Annotated[Unknown, typer.Option(help="Characters outside the model's vocabulary.")] = Unknown.error,
-    replace_with: Annotated[
-        Optional[str], typer.Option(help="Character used by --unknown replace. Default: space.")
-    ] = None,
+    replace_with: Annotated[Optional[str], typer.Option(help=REPLACE_HELP)] = None,
     device: DeviceOption = "auto",
     precision: PrecisionOption = Precision.float32,
     batch_size: Annotated[int, typer.Option(min=1, help="Windows per forward pass.")] = 64,

@@ -12,6 +12,7 @@ import typer
 from charlm.cli import items_commands as cli_items
 from charlm.cli.support import (
     CHECKPOINT_HELP,
+    REPLACE_HELP,
     DeviceOption,
     Precision,
     PrecisionOption,
@@ -59,9 +60,7 @@ def sample_(
         ),
     ] = None,
     unknown: Annotated[Unknown, typer.Option(help="Prompt characters outside the vocabulary.")] = Unknown.error,
-    replace_with: Annotated[
-        Optional[str], typer.Option(help="Character used by --unknown replace. Default: space.")
-    ] = None,
+    replace_with: Annotated[Optional[str], typer.Option(help=REPLACE_HELP)] = None,
     device: DeviceOption = "auto",
     stream: Annotated[
         Optional[bool],

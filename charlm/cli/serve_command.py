@@ -11,6 +11,7 @@ import typer
 
 from charlm.cli.support import (
     CHECKPOINT_HELP,
+    REPLACE_HELP,
     DeviceOption,
     Precision,
     PrecisionOption,
@@ -48,7 +49,7 @@ def serve(
     max_n: Annotated[int, typer.Option(min=1, help="Completions per request (prompts x n).")] = 16,
     max_body: Annotated[int, typer.Option(min=1, help="Bytes in a request body; beyond: HTTP 413.")] = 1_000_000,
     unknown: Annotated[Unknown, typer.Option(help="Prompt characters outside the vocabulary.")] = Unknown.error,
-    replace_with: Annotated[Optional[str], typer.Option(help="Character used by --unknown replace.")] = None,
+    replace_with: Annotated[Optional[str], typer.Option(help=REPLACE_HELP)] = None,
     device: DeviceOption = "auto",
     precision: PrecisionOption = Precision.float32,
 ) -> None:

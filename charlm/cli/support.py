@@ -19,6 +19,10 @@ from charlm.config.sources import shipped_config_names
 from charlm.errors import USAGE_EXIT, CharlmError, Interrupted, UsageError
 
 CHECKPOINT_HELP = "Checkpoint file, run folder (its best.pt) or export. Default: the newest runs/*/best.pt."
+REPLACE_HELP = (
+    "Character used by --unknown replace. Default: the unknown symbol of a pairs model trained with "
+    "data.unknown_dropout, else a space."
+)
 
 
 class State:

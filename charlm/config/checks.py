@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from charlm.config.arch_rules import arch_problems
+from charlm.config.sources import Setting
 
 
 def config_problems(config: Any) -> list[str]:
@@ -72,3 +73,26 @@ def _range_problem(value: float, meta: Mapping[str, Any]) -> str | None:
     if "lt" in meta and value >= meta["lt"]:
         return f"must be < {meta['lt']}"
     return None
+
+
+GIVEN_SPLITS = {"val": ("data.val_fraction", "data.val_size"), "test": ("data.test_fraction", "data.test_size")}
+
+
+def given_split_problems(config: Any, settings: list[Setting], file_settings_count: int) -> list[str]:
+    """A split is either a given file or carved from data.path: a fraction or size set beside its file is refused.
+    The command line outranks a config file, so a file's fraction yields to a path given on the command line; set at
+    the same level, or the fraction later, they are refused (a saved run's config holds every key, so only what the
+    user set is asked about)."""
+    problems = []
+    for split, keys in GIVEN_SPLITS.items():
+        given = getattr(config.data, f"{split}_path")
+        if not given:
+            continue
+        level = max(i >= file_settings_count for i, s in enumerate(settings) if s.key == f"data.{split}_path")
+        for i, s in enumerate(settings):
+            if s.key in keys and (i >= file_settings_count) >= level:
+                problems.append(
+                    f"{s.key} ({s.source}) and data.{split}_path={given} both choose the {split} split: the given "
+                    f"file is used as it is, so remove {s.key}"
+                )
+    return problems

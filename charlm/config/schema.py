@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 import yaml
 
-from charlm.config.checks import config_problems, value_problem
+from charlm.config.checks import config_problems, given_split_problems, value_problem
 from charlm.config.sources import (  # noqa: F401  (re-exported: the config API in one import)
     CONFIG_DIRS,
     Options,
@@ -358,29 +358,6 @@ def load_config(path: str | Path | None, sets: Sequence[str] = (), options: Opti
     config = _build_reporting_all(settings, errors)
     raise_all(given_split_problems(config, settings, from_file))
     return config
-
-
-GIVEN_SPLITS = {"val": ("data.val_fraction", "data.val_size"), "test": ("data.test_fraction", "data.test_size")}
-
-
-def given_split_problems(config: Config, settings: list[Setting], file_settings_count: int) -> list[str]:
-    """A split is either a given file or carved from data.path: a fraction or size set beside its file is refused.
-    The command line outranks a config file, so a file's fraction yields to a path given on the command line; set at
-    the same level, or the fraction later, they are refused (a saved run's config holds every key, so only what the
-    user set is asked about)."""
-    problems = []
-    for split, keys in GIVEN_SPLITS.items():
-        given = getattr(config.data, f"{split}_path")
-        if not given:
-            continue
-        level = max(i >= file_settings_count for i, s in enumerate(settings) if s.key == f"data.{split}_path")
-        for i, s in enumerate(settings):
-            if s.key in keys and (i >= file_settings_count) >= level:
-                problems.append(
-                    f"{s.key} ({s.source}) and data.{split}_path={given} both choose the {split} split: the given "
-                    f"file is used as it is, so remove {s.key}"
-                )
-    return problems
 
 
 def _build_reporting_all(settings: list[Setting], errors: list[str]) -> Config:

@@ -230,7 +230,7 @@ class Corpus:
             return self.test
         if name == "test" and not len(self.test):
             raise UsageError(
-                f"{self.source} has no test split: set data.test_size or data.test_fraction when "
+                f"{self.source} has no test split: set data.test_path, data.test_size or data.test_fraction when "
                 "training (the test split is held out from the start)"
             )
         return getattr(self, name)

@@ -232,13 +232,25 @@ def score_pairs(
     of its references; `decode` turns target ids into text."""
     device = next(model.parameters()).device
     total, count = pairs_total(model, pairs, device, batch_size)
+    return against_references(decode, pairs, total, count, lambda sources: transduce(model, sources, options), options)
+
+
+def against_references(
+    decode: Callable[[list[int]], str],
+    pairs: list[Pair],
+    total: float,
+    count: int,
+    rewrite: Callable[[list[list[int]]], list[list[int]]],
+    options: DecodeOptions,
+) -> TransductionResult:
+    """The figures of `pairs` from their summed loss (`total` nats over `count` target characters) and `rewrite`,
+    which decodes sources: each distinct source once, scored against every line it has."""
     references: dict[tuple[int, ...], list[str]] = {}
     for source, target in pairs:
         references.setdefault(tuple(source), []).append(decode(target))
     sources = list(references)
-    decoded = dict(
-        zip(sources, (decode(h) for h in transduce(model, [list(s) for s in sources], options)), strict=True)
-    )
+    hypotheses = rewrite([list(s) for s in sources])
+    decoded = {source: decode(h) for source, h in zip(sources, hypotheses, strict=True)}
     by_line = error_rates([[decode(t)] for _, t in pairs], [decoded[tuple(s)] for s, _ in pairs])
     return TransductionResult(
         **error_rates(list(references.values()), [decoded[s] for s in sources]),

@@ -58,6 +58,8 @@ class Loaded(Protocol):
 
     def scoring_kernels(self) -> contextlib.AbstractContextManager: ...
 
+    def pair_scorer(self, beam: int) -> Any: ...
+
 
 class Batches(Protocol):
     """A family's training batches: next_batch() gives (inputs, targets); last_tokens counts the targets scored."""
@@ -201,10 +203,3 @@ def optimizer_name(train: TrainConfig) -> str:
     if train.optimizer == "muon":
         return f"Muon lr {train.muon_lr:g} for the blocks' matrices, AdamW lr {train.lr:g} for the rest"
     return f"AdamW lr {train.lr:g}"
-
-
-def same_file(a: str | Path, b: str | Path) -> bool:
-    try:
-        return Path(a).resolve() == Path(b).resolve()
-    except OSError:
-        return False

@@ -10,12 +10,12 @@ import torch
 from torch import nn
 
 from charlm.config.schema import Config, ModelConfig
-from charlm.data.corpus import Corpus, RandomWindows, encode_compact, for_file
+from charlm.data.corpus import Corpus, RandomWindows, encode_compact, for_file, same_path
 from charlm.data.tokenizer import UnknownPolicy
 from charlm.decoding.stepped import GraphRuntime, RuntimeCheck
 from charlm.errors import UsageError
 from charlm.evaluation.loss import EvalResult, full_pass, windows_total
-from charlm.families.base import AnyCorpus, Family, Loaded, data_name, num_params, optimizer_name, same_file
+from charlm.families.base import AnyCorpus, Family, Loaded, data_name, num_params, optimizer_name
 from charlm.families.losses import WindowLosses
 from charlm.hardware.distributed import Dist
 from charlm.models.decoder import GPT
@@ -110,7 +110,7 @@ def evaluate_text(
     own = data.path
     if text_or_path is None or names_a_file(text_or_path):
         path = str(text_or_path if text_or_path is not None else own)
-        split = split or ("val" if same_file(path, own) else "all")
+        split = split or ("val" if same_path(path, own) else "all")
         corpus = Corpus.from_config(for_file(data, path), tokenizer, unknown, replacement=replace_with)
     else:
         split = split or "all"

@@ -10,14 +10,14 @@ import torch
 from torch import nn
 
 from charlm.config.schema import Config, ModelConfig
-from charlm.data.corpus import Corpus, for_file
+from charlm.data.corpus import Corpus, for_file, same_path
 from charlm.data.masking import MaskedWindows
 from charlm.decoding.fill import fill
 from charlm.decoding.stepped import GraphRuntime, RuntimeCheck
 from charlm.errors import UsageError
 from charlm.evaluation.loss import EvalResult
 from charlm.evaluation.masked import MaskedResult, all_windows, masked_score
-from charlm.families.base import AnyCorpus, Family, Loaded, data_name, num_params, optimizer_name, same_file
+from charlm.families.base import AnyCorpus, Family, Loaded, data_name, num_params, optimizer_name
 from charlm.families.decoder import validation_ids
 from charlm.families.losses import WindowLosses
 from charlm.hardware.distributed import Dist
@@ -122,7 +122,7 @@ def evaluate_masked(loaded: Loaded, path: str | Path | None = None, split: str |
     module = loaded.family.as_encoder(loaded)
     own = loaded.config.data.path
     given = str(path) if path is not None else own
-    split = split or ("val" if same_file(given, own) else "all")
+    split = split or ("val" if same_path(given, own) else "all")
     corpus = Corpus.from_config(for_file(loaded.config.data, given), loaded.tokenizer)
     ids = corpus.split(split)
     block_size = loaded.config.model.block_size

@@ -3,6 +3,7 @@ lines to rewrite a source string into its target, scored by exact match and erro
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
@@ -10,15 +11,15 @@ import torch
 from torch import nn
 
 from charlm.config.schema import Config, ModelConfig
-from charlm.data.corpus import for_file
-from charlm.data.pairs import PairBatches, PairCorpus, pairs_total
+from charlm.data.corpus import for_file, same_path
+from charlm.data.pairs import Pair, PairBatches, PairCorpus, pairs_total
 from charlm.data.tokenizer import BOS, SPECIAL_CHARS, UNKNOWN_CHAR, UnknownPolicy
 from charlm.decoding.options import DecodeOptions, field_name
 from charlm.decoding.stepped import GraphRuntime, RuntimeCheck
 from charlm.decoding.transduce import TransductionResult, score_pairs, transduce
 from charlm.errors import UsageError
 from charlm.evaluation.loss import EvalResult
-from charlm.families.base import AnyCorpus, Family, Loaded, data_name, num_params, optimizer_name, same_file
+from charlm.families.base import AnyCorpus, Family, Loaded, data_name, num_params, optimizer_name
 from charlm.families.losses import PairLosses
 from charlm.hardware.distributed import Dist
 from charlm.models.encoder_decoder import EncoderDecoder
@@ -145,6 +146,9 @@ def transduction_attention(loaded: Loaded, source: str, unknown: UnknownPolicy =
     }
 
 
+PairScorer = Callable[[list[Pair], DecodeOptions, int], TransductionResult]  # pairs, options, batch size
+
+
 def evaluate_pairs(
     loaded: Loaded,
     path: str | Path | None = None,
@@ -155,11 +159,12 @@ def evaluate_pairs(
     replace_with: str | None = None,
 ) -> TransductionResult:
     """charlm.Model.evaluate_pairs: target loss, exact match, character and token error rates on a paired file (every
-    reference of a source counted); characters the model never saw are refused, skipped or replaced (`unknown`)."""
-    module = loaded.family.as_encoder_decoder(loaded)
+    reference of a source counted); characters the model never saw are refused, skipped or replaced (`unknown`).
+    The chosen pairs are scored by the model's pair_scorer (the torch model's own score_pairs unless it gives one)."""
+    scorer: PairScorer | None = loaded.pair_scorer(beam)  # first: it refuses what its runtime cannot do
     own = loaded.config.data.path
     given = str(path) if path is not None else own
-    split = split or ("val" if same_file(given, own) else "all")
+    split = split or ("val" if same_path(given, own) else "all")
     data = for_file(loaded.config.data, given)
     room = loaded.config.model.block_size
     hint = "use --unknown replace to read them as the unknown symbol, or --unknown skip to leave their lines out"
@@ -168,8 +173,12 @@ def evaluate_pairs(
     if not scored:
         raise UsageError(f"the {split} split of {given} holds no line to score (--unknown skip left them all out?)")
     options = DecodeOptions(beam=beam, batch_size=batch_size, temperature=0.0, max_new_tokens=room).checked(field_name)
-    with loaded.scoring_kernels():
-        result = score_pairs(module, loaded.tokenizer.decode, scored, options, batch_size)
+    if scorer is None:
+        module = loaded.family.as_encoder_decoder(loaded)
+        with loaded.scoring_kernels():
+            result = score_pairs(module, loaded.tokenizer.decode, scored, options, batch_size)
+    else:
+        result = scorer(scored, options, batch_size)
     result.split, result.file = split, given
     split_file = {"val": data.val_path, "test": data.test_path}.get(split) or data.path
     result.unknown_chars, result.unknown_lines = corpus.unknown_counts.get(split_file, (0, 0))

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from charlm.config.schema import Config, ModelConfig
-from charlm.data.corpus import decode_utf8, for_file
+from charlm.data.corpus import decode_utf8, for_file, same_path
 from charlm.data.lines import LineBatches, LineCorpus, check_items, encode_items, item_room, numbered_items
 from charlm.data.tokenizer import BOS, EOS, PAD, SPECIAL_CHARS, UnknownPolicy
 from charlm.decoding.generate import SampleResult
@@ -20,7 +20,7 @@ from charlm.decoding.options import DecodeOptions
 from charlm.errors import UsageError
 from charlm.evaluation.items import ItemsResult, item_logprobs, items_total, score_items
 from charlm.evaluation.loss import EvalResult
-from charlm.families.base import AnyCorpus, Family, Loaded, data_name, num_params, optimizer_name, same_file
+from charlm.families.base import AnyCorpus, Family, Loaded, data_name, num_params, optimizer_name
 from charlm.families.losses import RankShare
 from charlm.hardware.distributed import Dist
 from charlm.models.decoder import GPT
@@ -171,7 +171,7 @@ def evaluate_items(
     the validation split of the model's own list, all of any other file)."""
     own = loaded.config.data.path
     given = str(path) if path is not None else own
-    split = split or ("val" if same_file(given, own) else "all")
+    split = split or ("val" if same_path(given, own) else "all")
     corpus = line_corpus(loaded, given, unknown, replace_with)
     items = corpus.split(split)
     if not items:
