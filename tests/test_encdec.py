@@ -154,7 +154,6 @@ def test_the_wrong_methods_and_flags_are_one_line_errors(trained, tiny_checkpoin
     assert_one_line_error(run_cli("sample", run, "--prompt", "abc", "--beam", "3", "--temperature", "1"), 2, "beam")
     assert_one_line_error(run_cli("sample", tiny_checkpoint, "--beam", "2"), 2, "--beam is for encoder-decoder")
     assert_one_line_error(run_cli("eval", run, "--stride", "4"), 2, "--stride")
-    assert_one_line_error(run_cli("serve", run, "--port", "0"), 2, "encoder-decoder")
 
 
 @pytest.mark.parametrize(

@@ -135,3 +135,32 @@ def test_unknown_dropout_draws_from_the_batches_generator_and_resumes_exactly(tm
 def test_unknown_dropout_is_for_pairs():
     with pytest.raises(UsageError, match="data.unknown_dropout .* is for data.format pairs"):
         load_config("tiny", ["data.unknown_dropout=0.1"])
+
+
+def test_charlm_serve_rewrites_sources_and_reads_unseen_characters_as_the_unknown_symbol(unknown_run):
+    openai = pytest.importorskip("openai", reason="the server tests use the openai client: pip install -e '.[test]'")
+    pytest.importorskip("fastapi", reason="charlm serve needs the serve extra: pip install -e '.[test]'")
+    from serve_helpers import ServerProcess
+
+    expected = charlm.load(unknown_run).transduce(["abcd", "azzb"], unknown="replace")
+    replacing, refusing = ServerProcess(unknown_run, "--unknown", "replace"), ServerProcess(unknown_run)
+    try:
+        client = openai.OpenAI(base_url=f"{replacing.url}/v1", api_key="x", max_retries=0)
+        completion = client.completions.create(model="charlm", prompt=["abcd", "azzb"], temperature=0)
+        assert [c.text for c in completion.choices] == expected  # the same targets as charlm.load(...).transduce
+        assert all(c.finish_reason == "stop" for c in completion.choices)
+        assert completion.usage.unknown_characters == 2
+        seeded = [
+            client.completions.create(model="charlm", prompt="abcdef", temperature=1, seed=5).choices[0].text
+            for _ in "ab"
+        ]
+        assert seeded[0] == seeded[1] == charlm.load(unknown_run).transduce("abcdef", temperature=1.0, seed=5)
+        status, body = refusing.request("POST", "/v1/completions", {"prompt": "azzb", "temperature": 0})
+        assert status == 400 and "'z' (U+007A)" in body["error"]["message"] and body["error"]["param"] == "prompt"
+        status, body = replacing.request("POST", "/v1/completions", {"prompt": "abc", "stop": ["a"]})
+        assert status == 400 and body["error"]["param"] == "stop"
+        status, body = replacing.request("GET", "/v1/models")
+        assert status == 200 and body["data"][0]["arch"] == "encoder-decoder"
+    finally:
+        replacing.stop()
+        refusing.stop()

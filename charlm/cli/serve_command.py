@@ -64,6 +64,7 @@ def serve(
     try:
         import uvicorn
 
+        from charlm.serving.http import Served
         from charlm.serving.server import create_app
     except ImportError:
         raise UsageError(SERVE_HINT) from None
@@ -74,11 +75,17 @@ def serve(
     console = stderr_console()
     listener = bind(host, port)
     model = load(checkpoint_path(checkpoint), device, precision.value)
-    model.decoder  # noqa: B018  (an encoder-decoder is refused here, in one line, before serving)
     if model.runtime != "torch":  # the engine batches rows through torch's caches
         raise UsageError(f"{model.path} is an ONNX export: serve the checkpoint it came from or a safetensors export")
     limits = Limits(max_batch, max_queue, max_prompt, max_tokens, max_n, max_body)
-    app = create_app(model, limits, model_name, api_key or None, unknown.value, replace_with)
+    served = Served(limits, model_name, api_key or None, unknown.value, replace_with)
+    if model.family.rewrites_sources:  # an encoder-decoder: each prompt a source, each completion its target
+        from charlm.serving.transducer import create_transducer_app
+
+        app = create_transducer_app(model, served)
+    else:
+        model.decoder  # noqa: B018  (an encoder is refused here, in one line, before serving)
+        app = create_app(model, served)
     bound_host, bound_port = listener.getsockname()[:2]
     url = f"http://{bound_host if ':' not in bound_host else f'[{bound_host}]'}:{bound_port}"
     if not is_loopback(host):

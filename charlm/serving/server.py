@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import hmac
 import json
 import math
 import time
@@ -21,13 +20,12 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from charlm.api.model import Model
-from charlm.data.tokenizer import UnknownPolicy
 from charlm.errors import UsageError
 from charlm.serving.engine import Completion, Engine, Piece, QueueFull
-from charlm.serving.requests import BadRequest, CompletionRequest, Limits, parse_completion, parse_text
+from charlm.serving.http import Served, error_body, new_app, read_body, served_name
+from charlm.serving.requests import BadRequest, CompletionRequest, parse_completion, parse_text
 
 
 class Mailbox:
@@ -54,48 +52,13 @@ class Mailbox:
 
 
 PAGE_FILES = {"index.html": "text/html", "playground.js": "text/javascript", "playground.css": "text/css"}
-OPEN_PATHS = {"/health", "/", "/favicon.ico"}  # no key needed: the page's own files hold no model data
 
 
-def error_body(message: str, param: str | None = None, code: str | None = None, kind: str = "invalid_request_error"):
-    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
-
-
-class RequireKey:
-    """401 unless `Authorization: Bearer KEY`, except on /health and the page's files.
-
-    Plain ASGI rather than @app.middleware("http"), which would pass every streamed chunk through extra tasks.
-    """
-
-    def __init__(self, app: Any, key: str):
-        self.app, self.expected = app, f"Bearer {key}".encode()
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        path = scope.get("path", "")
-        if scope["type"] == "http" and path not in OPEN_PATHS and not path.startswith("/playground/"):
-            given = dict(scope["headers"]).get(b"authorization", b"")
-            if not hmac.compare_digest(given, self.expected):
-                what = "a wrong API key" if given else "no API key"
-                body = error_body(
-                    f"{what}: send the header 'Authorization: Bearer KEY' with the server's --api-key",
-                    kind="authentication_error",
-                    code="invalid_api_key",
-                )
-                await JSONResponse(body, status_code=401)(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
-
-
-def create_app(
-    model: Model,
-    limits: Limits | None = None,
-    model_name: str = "charlm",
-    api_key: str | None = None,
-    unknown: UnknownPolicy = "error",
-    replace_with: str | None = None,
-) -> FastAPI:
+def create_app(model: Model, served: Served | None = None) -> FastAPI:
     """The ASGI app serving `model`; its engine thread starts with the app and stops with it."""
-    limits = limits or Limits()
+    served = served or Served()
+    limits, model_name, api_key = served.limits, served.model_name, served.api_key
+    unknown, replace_with = served.unknown, served.replace_with
     state: dict[str, Any] = {}
     frame = model.family.item_frame(model)  # a lines model: each completion is a whole item, from its start symbol
     created = int(model.path.stat().st_mtime) if model.path.exists() else int(time.time())
@@ -109,36 +72,10 @@ def create_app(
         finally:
             state["engine"].stop()
 
-    app = FastAPI(title="charlm", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
-
-    @app.exception_handler(BadRequest)
-    async def refused(request: Request, e: BadRequest) -> JSONResponse:
-        return JSONResponse(error_body(e.message, e.param, e.code), status_code=e.status)
-
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(request: Request, e: StarletteHTTPException) -> JSONResponse:
-        message = f"{request.method} {request.url.path}: {e.detail}"
-        if e.status_code == 404:
-            message += "; the endpoints are /v1/completions, /v1/models, /v1/score, /v1/attention, /health and /"
-        return JSONResponse(error_body(message), status_code=e.status_code)
-
-    if api_key:
-        app.add_middleware(RequireKey, key=api_key)
+    app = new_app(lifespan, api_key, "/v1/completions, /v1/models, /v1/score, /v1/attention, /health and /")
 
     async def read_json(request: Request) -> Any:
-        declared = request.headers.get("content-length")
-        if declared and declared.isdigit() and int(declared) > limits.max_body:
-            raise BadRequest(413, f"the body has {declared} bytes; the limit is {limits.max_body} (--max-body)")
-        chunks, size = [], 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limits.max_body:
-                raise BadRequest(413, f"the body is over the limit of {limits.max_body} bytes (--max-body)")
-            chunks.append(chunk)
-        try:
-            return json.loads(b"".join(chunks))
-        except (ValueError, UnicodeDecodeError) as e:
-            raise BadRequest(400, f"the body is not valid JSON ({e})") from None
+        return await read_body(request, limits)
 
     def encode(text: str, param: str) -> list[int]:
         try:
@@ -147,10 +84,7 @@ def create_app(
             raise BadRequest(400, str(e), param, "unknown_character") from None
 
     def check_model(name: Any) -> None:
-        if name is not None and name != model_name:
-            raise BadRequest(
-                404, f"model {name!r} is not served here; this server serves {model_name!r}", "model", "model_not_found"
-            )
+        served_name(name, model_name)
 
     async def on_engine(fn: Any) -> Any:
         try:
