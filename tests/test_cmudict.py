@@ -67,6 +67,7 @@ def test_the_excerpt_downloads_and_becomes_one_pair_per_pronunciation(tmp_path, 
     assert "#" not in text and "(" not in text and "  " not in text and " \n" not in text
     assert all(word == word.lower() for word, _ in pairs)  # the file's lowercase spelling, unchanged
     assert all(re.fullmatch(r"[A-Z]+( [A-Z]+)*", phonemes) for _, phonemes in pairs)  # no stress digits
+    assert [p for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temp file left
 
 
 def test_cmudict_stress_keeps_the_digits(tmp_path, mirror, excerpt):

@@ -55,7 +55,7 @@ def test_text_validates_on_the_given_file_and_never_reads_the_test_file(tmp_path
     assert default["loss"] == pytest.approx(of_val["loss"], abs=1e-6)
     test.write_bytes(good_test)
     scored = json.loads(run_cli("eval", run, "--split", "test", "--json", check=True).stdout)
-    assert scored["chars"] == len(good_test.decode()) - 1
+    assert scored["chars"] == len(good_test.decode()) - 1 and scored["file"] == str(test)
     assert scored["loss"] != pytest.approx(default["loss"], abs=1e-6)
     whole = json.loads(run_cli("eval", run, "--split", "train", "--json", check=True).stdout)
     assert whole["chars"] == len(train.read_text(encoding="utf-8")) - 1  # all of data.path is trained on
@@ -102,12 +102,17 @@ def test_fractions_beside_a_given_file_are_refused(tmp_path, text_splits):
 def test_a_config_files_fraction_yields_to_a_file_given_on_the_command_line(tmp_path):
     config_file = tmp_path / "mine.yaml"
     config_file.write_text("data:\n  val_fraction: 0.2\n  val_path: dev.txt\n")
-    config = load_config("g2p", ["data.val_path=dev.tsv", "data.test_path=test.tsv"])  # g2p.yaml sets fractions
+    config = load_config("g2p", ["data.val_path=dev.tsv", "data.test_path=test.tsv"])  # g2p.yaml sets sizes
     assert (config.data.val_path, config.data.test_path) == ("dev.tsv", "test.tsv")
     with pytest.raises(UsageError, match=r"data.val_fraction \(.*mine.yaml\) and data.val_path=dev.txt both choose"):
         load_config(config_file)
     with pytest.raises(UsageError, match=r"data.test_fraction \(--set data.test_fraction=0.1\) and data.test_path="):
         load_config("g2p", ["data.test_path=test.tsv", "data.test_fraction=0.1"])
+    saved = tmp_path / "config.yaml"  # what a run folder keeps: every key, the yielded sizes back at their defaults
+    saved.write_text(config.to_yaml())
+    assert load_config(saved).data.val_path == "dev.tsv"
+    saved.write_text(load_config("g2p-small").to_yaml())
+    assert load_config(saved, ["data.val_fraction=0.1"]).data.test_path  # a default value is never asked about
 
 
 def test_hostile_given_files(tmp_path, text_splits):

@@ -97,17 +97,18 @@ def test_unseen_characters_are_read_as_the_learned_unknown_symbol(unknown_run, t
     assert len(model.transduce("abzd", unknown="replace")) >= 3
 
     test = tmp_path / "test.tsv"
-    test.write_text("abc\tcba\nazzb\tbzza\ncdh\thdc\n")
+    test.write_text("abc\tcba\nazzb\tbzza\ncdh\thdc\nayyb\tbyya\n")  # azzb and ayyb read alike: two words still
     refused = run_cli("eval", unknown_run, "--data", test)
     assert_one_line_error(refused, 2, "'z' (U+007A)", "--unknown replace")
     scored = run_cli("eval", unknown_run, "--data", test, "--unknown", "replace", "--json")
     assert scored.returncode == 0, scored.stderr
     figures = json.loads(scored.stdout)
-    assert (figures["unknown_chars"], figures["unknown_lines"], figures["lines"]) == (4, 1, 3)
+    assert (figures["unknown_chars"], figures["unknown_lines"], figures["lines"], figures["sources"]) == (8, 2, 4, 4)
+    assert figures["file"] == str(test)
     said = run_cli("eval", unknown_run, "--data", test, "--unknown", "replace", check=True)
-    assert "1 lines of" in said.stderr and "4 such characters replaced" in said.stderr
+    assert "2 lines of" in said.stderr and "8 such characters replaced" in said.stderr
     skipped = json.loads(run_cli("eval", unknown_run, "--data", test, "--unknown", "skip", "--json").stdout)
-    assert (skipped["lines"], skipped["unknown_lines"]) == (2, 1)
+    assert (skipped["lines"], skipped["unknown_lines"]) == (2, 2)
 
     words = tmp_path / "words.txt"
     words.write_text("abc\nazzb\n")

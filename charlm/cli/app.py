@@ -241,9 +241,9 @@ def eval_(
     split: Annotated[
         Optional[Split],
         typer.Option(
-            help="val: the validation split, as in training; test: the test split (data.test_size or "
-            "data.test_fraction); train; all: the whole file. Default: val of the run's own corpus, all of any "
-            "other --data file.",
+            help="val: the validation split, as in training; test: the test split (data.test_path, or "
+            "data.test_size/test_fraction of data.path); train; all: the whole file. Default: val of the run's own "
+            "corpus, all of any other --data file.",
             show_default=False,
         ),
     ] = None,

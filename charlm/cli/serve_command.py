@@ -94,8 +94,9 @@ def serve(
             + ("" if api_key else f"; set --api-key (or {API_KEY_ENV}) to require a key"),
             markup=False,
         )
+    page = "" if model.family.rewrites_sources else f"\n  playground  {url}/"  # an encoder-decoder has none
     console.print(
-        f"serving {model!r}\n  playground  {url}/\n  OpenAI API  {url}/v1  (model {model_name!r}"
+        f"serving {model!r}{page}\n  OpenAI API  {url}/v1  (model {model_name!r}"
         f"{', key required' if api_key else ''})\nCtrl-C stops.",
         markup=False,
     )

@@ -79,20 +79,28 @@ GIVEN_SPLITS = {"val": ("data.val_fraction", "data.val_size"), "test": ("data.te
 
 
 def given_split_problems(config: Any, settings: list[Setting], file_settings_count: int) -> list[str]:
-    """A split is either a given file or carved from data.path: a fraction or size set beside its file is refused.
-    The command line outranks a config file, so a file's fraction yields to a path given on the command line; set at
-    the same level, or the fraction later, they are refused (a saved run's config holds every key, so only what the
-    user set is asked about)."""
+    """A split is either a given file or carved from data.path: a fraction or size other than its default beside its
+    file is refused. The command line outranks a config file, so a file's fraction yields to a path given on the
+    command line, and is put back to its default (the run's saved config.yaml then loads as it is); set at the same
+    level, or the fraction later, they are refused. Values at their defaults are never asked about: a saved config
+    holds every key."""
     problems = []
+    defaults = type(config.data)()
     for split, keys in GIVEN_SPLITS.items():
         given = getattr(config.data, f"{split}_path")
         if not given:
             continue
-        level = max(i >= file_settings_count for i, s in enumerate(settings) if s.key == f"data.{split}_path")
-        for i, s in enumerate(settings):
-            if s.key in keys and (i >= file_settings_count) >= level:
+        path_level = max((i >= file_settings_count for i, s in enumerate(settings) if s.key == f"data.{split}_path"))
+        for key in keys:
+            name = key.removeprefix("data.")
+            if getattr(config.data, name) == getattr(defaults, name):
+                continue
+            last = max(i for i, s in enumerate(settings) if s.key == key)  # the setting that gave the value
+            if (last >= file_settings_count) >= path_level:
                 problems.append(
-                    f"{s.key} ({s.source}) and data.{split}_path={given} both choose the {split} split: the given "
-                    f"file is used as it is, so remove {s.key}"
+                    f"{key} ({settings[last].source}) and data.{split}_path={given} both choose the {split} split: "
+                    f"the given file is used as it is, so remove {key}"
                 )
+            else:  # a config file's fraction, yielding to the file named on the command line
+                setattr(config.data, name, getattr(defaults, name))
     return problems

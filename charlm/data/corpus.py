@@ -117,6 +117,11 @@ def given_file(data: DataConfig, split: str) -> str:
     return path
 
 
+def split_file(data: DataConfig, split: str) -> str:
+    """The file a split of `data` is read from: its own given file (data.val_path, data.test_path), else data.path."""
+    return {"val": data.val_path, "test": data.test_path}.get(split) or data.path
+
+
 def same_content(a: str | Path, b: str | Path) -> bool:
     """Whether two files hold the same bytes (the size first, so unequal files are never read)."""
     a, b = Path(a), Path(b)
@@ -174,6 +179,7 @@ class Corpus:
     whole: torch.Tensor | None = None  # (N,) all of it, in file order
     test_path: str = ""  # the test split's own file (data.test_path), read on first use
     read_given: Callable[[str], torch.Tensor] | None = None  # how a given split file is read
+    val_given: str = ""  # the validation split's own file (data.val_path)
 
     @classmethod
     def from_config(
@@ -198,10 +204,10 @@ class Corpus:
                 own = f"{path} holds characters the training file {data.path} lacks"
                 return conform(
                     given.ids, given.tokenizer, corpus.tokenizer, given.counts, unknown, replacement,
-                    f"{own}; {hint}" if tokenizer is not None else f"{own}; remove them or add them to {data.path}",
+                    f"{own}; remove them, or add text that uses them to {data.path}",
                 )  # fmt: skip
 
-            corpus.read_given = read_given
+            corpus.read_given, corpus.val_given = read_given, val_path
             if val_path:
                 corpus.val = read_given(val_path)
         return corpus
@@ -240,10 +246,12 @@ class Corpus:
         need = block_size + 1
         for name, ids in (("training", self.train), ("validation", self.val)):
             if len(ids) < need:
+                given = name == "validation" and self.val_given
                 raise UsageError(
-                    f"data file {source} is too short: its {name} split has {len(ids)} tokens but a window "
-                    f"needs {need} (model.block_size + 1); use a longer text, a smaller model.block_size"
-                    + (" or a larger data.val_fraction" if name == "validation" else "")
+                    f"{'the validation file' if given else 'data file'} {self.val_given if given else source} is "
+                    f"too short: its {name} split has {len(ids)} tokens but a window needs {need} (model.block_size "
+                    "+ 1); use a longer text, a smaller model.block_size"
+                    + (" or a larger data.val_fraction" if name == "validation" and not given else "")
                 )
 
 

@@ -118,7 +118,11 @@ class PairCorpus(RecordSplits[Pair]):
                     strings = [pair for pair, n in zip(strings, held, strict=True) if not n]
             fill = pair_replacement(model_tokenizer, replacement)
             encode = model_tokenizer.encode
-            return [(encode(s, unknown, fill), encode(t, unknown, fill)) for s, t in strings]
+            out: list[Pair] = []
+            for s, t in strings:
+                source = encode(s, unknown, fill)
+                out.append((ReplacedSource(source) if unseen and set(s) - known else source, encode(t, unknown, fill)))
+            return out
 
         def read_given(path: str) -> list[Pair]:  # a split given as its own file, in the training file's characters
             fix = hint if tokenizer is not None else f"remove them, or add lines that use them to {data.path}"
@@ -127,6 +131,12 @@ class PairCorpus(RecordSplits[Pair]):
         corpus = cls.shuffled(model_tokenizer, encoded(data.path, strings, hint), data, read_given)
         corpus.unknown_counts = counts
         return corpus
+
+
+class ReplacedSource(list):
+    """A source's ids in which characters the model never saw were replaced (--unknown replace). Two different
+    words can then read alike (a한b and a글b both as a, the unknown symbol, b), so scoring takes each such source
+    for a word of its own, never for another line of the same word."""
 
 
 def pair_replacement(tokenizer: Tokenizer, replacement: str | None) -> str | None:

@@ -68,8 +68,10 @@ class RecordSplits(Generic[Record]):
             return self.train + (self.val if not self.val_path else []) + (self.test if not self.test_path else [])
         if name not in ("train", "val", "test"):
             raise UsageError(f"split must be one of train, val, test or all, got {name!r}")
-        if name == "test" and self.test_path and self.read_given is not None and not self.test:
-            self.test = self.read_given(self.test_path)
+        if name == "test" and self.test_path and self.read_given is not None:
+            if not self.test:
+                self.test = self.read_given(self.test_path)
+            return self.test  # the given file's records (none left: the caller says why)
         if name == "test" and not self.test:
             raise UsageError(
                 f"{self.source} has no test split: set data.test_path, data.test_fraction or data.test_size when "
@@ -80,7 +82,8 @@ class RecordSplits(Generic[Record]):
     def check_windows(self, block_size: int, source: str) -> None:
         for name in ("train", "val"):
             if not getattr(self, name):
+                fix = f"add lines to {self.val_path}" if name == "val" and self.val_path else "add lines"
                 raise UsageError(
-                    f"{source} has too few {self.unit}: its {name} split is empty; add lines or change "
-                    "data.val_fraction"
+                    f"{source} has too few {self.unit}: its {name} split is empty; {fix}"
+                    + ("" if name == "val" and self.val_path else " or change data.val_fraction")
                 )

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from charlm.data.pairs import Pair, pad_batch, pairs_total
+from charlm.data.pairs import Pair, ReplacedSource, pad_batch, pairs_total
 from charlm.data.tokenizer import BOS, EOS, PAD
 from charlm.decoding.options import DecodeOptions
 from charlm.decoding.sampling import sample_next
@@ -235,6 +235,12 @@ def score_pairs(
     return against_references(decode, pairs, total, count, lambda sources: transduce(model, sources, options), options)
 
 
+def source_key(source: list[int], index: int) -> Any:
+    """What makes lines one source's references: the same ids, unless unseen characters were replaced in them
+    (then the line is a source of its own: charlm.data.pairs.ReplacedSource)."""
+    return ("line", index) if isinstance(source, ReplacedSource) else tuple(source)
+
+
 def against_references(
     decode: Callable[[list[int]], str],
     pairs: list[Pair],
@@ -245,15 +251,18 @@ def against_references(
 ) -> TransductionResult:
     """The figures of `pairs` from their summed loss (`total` nats over `count` target characters) and `rewrite`,
     which decodes sources: each distinct source once, scored against every line it has."""
-    references: dict[tuple[int, ...], list[str]] = {}
-    for source, target in pairs:
-        references.setdefault(tuple(source), []).append(decode(target))
+    keys = [source_key(source, i) for i, (source, _) in enumerate(pairs)]
+    references: dict[Any, list[str]] = {}
+    first: dict[Any, list[int]] = {}  # each source's ids, to decode it once
+    for key, (source, target) in zip(keys, pairs, strict=True):
+        references.setdefault(key, []).append(decode(target))
+        first.setdefault(key, list(source))
     sources = list(references)
-    hypotheses = rewrite([list(s) for s in sources])
-    decoded = {source: decode(h) for source, h in zip(sources, hypotheses, strict=True)}
-    by_line = error_rates([[decode(t)] for _, t in pairs], [decoded[tuple(s)] for s, _ in pairs])
+    hypotheses = rewrite([first[key] for key in sources])
+    decoded = {key: decode(h) for key, h in zip(sources, hypotheses, strict=True)}
+    by_line = error_rates([[decode(t)] for _, t in pairs], [decoded[key] for key in keys])
     return TransductionResult(
-        **error_rates(list(references.values()), [decoded[s] for s in sources]),
+        **error_rates(list(references.values()), [decoded[key] for key in sources]),
         loss=total / count,
         lines=len(pairs),
         chars=count,

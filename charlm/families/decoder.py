@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from charlm.config.schema import Config, ModelConfig
-from charlm.data.corpus import Corpus, RandomWindows, encode_compact, for_file, same_path
+from charlm.data.corpus import Corpus, RandomWindows, encode_compact, for_file, same_path, split_file
 from charlm.data.tokenizer import UnknownPolicy
 from charlm.decoding.stepped import GraphRuntime, RuntimeCheck
 from charlm.errors import UsageError
@@ -111,12 +111,13 @@ def evaluate_text(
     if text_or_path is None or names_a_file(text_or_path):
         path = str(text_or_path if text_or_path is not None else own)
         split = split or ("val" if same_path(path, own) else "all")
-        corpus = Corpus.from_config(for_file(data, path), tokenizer, unknown, replacement=replace_with)
+        data = for_file(data, path)
+        corpus = Corpus.from_config(data, tokenizer, unknown, replacement=replace_with)
     else:
         split = split or "all"
         ids = encode_compact(tokenizer.encode(str(text_or_path), unknown, replace_with), tokenizer.vocab_size)
         corpus = (
-            Corpus.from_ids(ids, tokenizer, data, "<text>")
+            Corpus.from_ids(ids, tokenizer, for_file(data, "<text>"), "<text>")  # the fractions, no given files
             if split != "all"
             else Corpus(tokenizer, ids, ids[:0], ids[:0], "<text>", ids)
         )
@@ -130,7 +131,8 @@ def evaluate_text(
         raise UsageError(f"--stride must be between 1 and the model's context ({block_size}), got {stride}")
     with loaded.scoring_kernels():
         result = full_pass(module, ids, block_size, loaded.device, batch_size, stride=stride)
-    result.split, result.file, result.unit = split, corpus.source, tokenizer.unit
+    scored = split_file(data, split) if corpus.source != "<text>" else corpus.source
+    result.split, result.file, result.unit = split, scored, tokenizer.unit
     return result
 
 

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from charlm.config.schema import Config, ModelConfig
-from charlm.data.corpus import Corpus, for_file, same_path
+from charlm.data.corpus import Corpus, for_file, same_path, split_file
 from charlm.data.masking import MaskedWindows
 from charlm.decoding.fill import fill
 from charlm.decoding.stepped import GraphRuntime, RuntimeCheck
@@ -123,7 +123,8 @@ def evaluate_masked(loaded: Loaded, path: str | Path | None = None, split: str |
     own = loaded.config.data.path
     given = str(path) if path is not None else own
     split = split or ("val" if same_path(given, own) else "all")
-    corpus = Corpus.from_config(for_file(loaded.config.data, given), loaded.tokenizer)
+    data = for_file(loaded.config.data, given)
+    corpus = Corpus.from_config(data, loaded.tokenizer)
     ids = corpus.split(split)
     block_size = loaded.config.model.block_size
     starts = all_windows(ids, block_size)
@@ -131,7 +132,7 @@ def evaluate_masked(loaded: Loaded, path: str | Path | None = None, split: str |
         raise UsageError(f"the {split} split of {given} is shorter than one window ({block_size})")
     with loaded.scoring_kernels():
         total, right, count = masked_score(module, ids, starts, loaded.device)
-    return MaskedResult(total / count, right / count, count, split, given)
+    return MaskedResult(total / count, right / count, count, split, split_file(data, split))
 
 
 def encoder_card(

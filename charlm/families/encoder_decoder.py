@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from charlm.config.schema import Config, ModelConfig
-from charlm.data.corpus import for_file, same_path
+from charlm.data.corpus import for_file, same_path, split_file
 from charlm.data.pairs import Pair, PairBatches, PairCorpus, pairs_total
 from charlm.data.tokenizer import BOS, SPECIAL_CHARS, UNKNOWN_CHAR, UnknownPolicy
 from charlm.decoding.options import DecodeOptions, field_name
@@ -179,9 +179,8 @@ def evaluate_pairs(
             result = score_pairs(module, loaded.tokenizer.decode, scored, options, batch_size)
     else:
         result = scorer(scored, options, batch_size)
-    result.split, result.file = split, given
-    split_file = {"val": data.val_path, "test": data.test_path}.get(split) or data.path
-    result.unknown_chars, result.unknown_lines = corpus.unknown_counts.get(split_file, (0, 0))
+    result.split, result.file = split, split_file(data, split)
+    result.unknown_chars, result.unknown_lines = corpus.unknown_counts.get(result.file, (0, 0))
     return result
 
 

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from charlm.config.schema import Config, ModelConfig
-from charlm.data.corpus import decode_utf8, for_file, same_path
+from charlm.data.corpus import decode_utf8, for_file, same_path, split_file
 from charlm.data.lines import LineBatches, LineCorpus, check_items, encode_items, item_room, numbered_items
 from charlm.data.tokenizer import BOS, EOS, PAD, SPECIAL_CHARS, UnknownPolicy
 from charlm.decoding.generate import SampleResult
@@ -179,7 +179,7 @@ def evaluate_items(
     texts = [loaded.tokenizer.decode(item) for item in items]
     with loaded.scoring_kernels():
         result = score_items(loaded.family.as_lines(loaded), items, texts, loaded.device, batch_size)
-    result.split, result.file, result.scores = split, given, []
+    result.split, result.file, result.scores = split, split_file(for_file(loaded.config.data, given), split), []
     return result
 
 

@@ -35,6 +35,7 @@ def create_transducer_app(model: Model, served: Served | None = None) -> FastAPI
     unknown, replace_with = served.unknown, served.replace_with
     app = new_app(None, api_key, "/v1/completions, /v1/models and /health")
     busy = threading.Lock()  # one transduction at a time: the model's batches are the parallelism
+    waiting = [0]  # requests decoding or waiting for their turn: at most --max-queue (--max-batch does not apply)
     created = int(model.path.stat().st_mtime) if model.path.exists() else int(time.time())
     known = set(getattr(model.tokenizer, "chars", []))  # pairs are read as characters
 
@@ -76,7 +77,17 @@ def create_transducer_app(model: Model, served: Served | None = None) -> FastAPI
                     for seed in seeds
                 ]
 
-        targets = await asyncio.to_thread(rewrite)
+        if waiting[0] >= limits.max_queue:
+            raise BadRequest(
+                429,
+                f"{waiting[0]} requests are waiting; the limit is {limits.max_queue} (--max-queue)",
+                code="queue_full",
+            )
+        waiting[0] += 1
+        try:
+            targets = await asyncio.to_thread(rewrite)
+        finally:
+            waiting[0] -= 1
         cap = o.max_new_tokens if isinstance(body, dict) and body.get("max_tokens") is not None else None  # else whole
         whole = [targets[j][i] for i in range(len(req.prompts)) for j in range(req.n)]
         texts = [t[:cap] for t in whole]
