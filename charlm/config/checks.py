@@ -78,12 +78,12 @@ def _range_problem(value: float, meta: Mapping[str, Any]) -> str | None:
 GIVEN_SPLITS = {"val": ("data.val_fraction", "data.val_size"), "test": ("data.test_fraction", "data.test_size")}
 
 
-def given_split_problems(config: Any, settings: list[Setting], file_settings_count: int) -> list[str]:
-    """A split is either a given file or carved from data.path: a fraction or size other than its default beside its
-    file is refused. The command line outranks a config file, so a file's fraction yields to a path given on the
-    command line, and is put back to its default (the run's saved config.yaml then loads as it is); set at the same
-    level, or the fraction later, they are refused. Values at their defaults are never asked about: a saved config
-    holds every key."""
+def settle_given_splits(config: Any, settings: list[Setting], file_settings_count: int) -> list[str]:
+    """Settle each split given as a file against its fractions, returning what is refused. A split is either a given
+    file or carved from data.path, so a fraction or size other than its default beside its file is refused. The
+    command line outranks a config file: a file's fraction yields to a path given on the command line and is put
+    back to its default here (so the run's saved config.yaml loads as it is); set at the same level, or the fraction
+    later, they are refused. Values at their defaults are never asked about: a saved config holds every key."""
     problems = []
     defaults = type(config.data)()
     for split, keys in GIVEN_SPLITS.items():

@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 import yaml
 
-from charlm.config.checks import config_problems, given_split_problems, value_problem
+from charlm.config.checks import config_problems, settle_given_splits, value_problem
 from charlm.config.sources import (  # noqa: F401  (re-exported: the config API in one import)
     CONFIG_DIRS,
     Options,
@@ -356,7 +356,7 @@ def load_config(path: str | Path | None, sets: Sequence[str] = (), options: Opti
     settings += [parse_set(item) for item in sets]
     settings += _option_settings(options or {})
     config = _build_reporting_all(settings, errors)
-    raise_all(given_split_problems(config, settings, from_file))
+    raise_all(settle_given_splits(config, settings, from_file))
     return config
 
 
