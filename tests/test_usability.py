@@ -52,9 +52,10 @@ def test_piped_output_has_no_ansi_codes_or_progress_bar(tmp_path, corpus):
 
 
 @pytest.mark.process
-def test_a_terminal_gets_colour_and_no_color_turns_it_off(tmp_path, corpus):
-    coloured = run_in_tty(*train_cli(corpus, tmp_path / "a", steps=20))
+def test_a_terminal_gets_colour_and_a_step_count_and_no_color_turns_colour_off(tmp_path, corpus):
+    coloured = run_in_tty(*train_cli(corpus, tmp_path / "a", steps=300))
     assert "\x1b[" in coloured and "done" in coloured
+    assert re.search(r"\d+/300 \[", coloured), coloured  # a step-limited run counts steps
     plain = run_in_tty(*train_cli(corpus, tmp_path / "b", steps=20), env={"NO_COLOR": "1"})
     assert "\x1b[" not in plain and "done" in plain
     evaluated = run_in_tty("eval", tmp_path / "b" / "best.pt", env={"NO_COLOR": "1"})
@@ -67,12 +68,6 @@ def test_a_time_budgeted_run_shows_seconds_and_the_time_left_on_a_terminal(tmp_p
     bars = [part for part in re.split(r"[\r\n]", screen) if "/3 s [" in part]
     assert bars, screen
     assert re.search(r"\d+%\|.*\| \d/3 s \[00:0\d<00:0\d, step [\d,]+ loss \d\.\d{4}", bars[-1]), bars[-1]
-
-
-@pytest.mark.process
-def test_a_step_limited_run_counts_steps(tmp_path, corpus):
-    screen = run_in_tty(*train_cli(corpus, tmp_path / "r", steps=300))
-    assert re.search(r"\d+/300 \[", screen), screen
 
 
 def test_quiet_prints_only_the_summary(tmp_path, corpus):

@@ -7,7 +7,10 @@ continuation per prompt on one output block, so scripts can drive it.
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import sys
+from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any, TextIO
 
@@ -78,11 +81,40 @@ def _continue(
 
     ids = model.encode_prompt(prompt, unknown, replace_with)
     write(model.tokenizer.decode(ids))
-    try:
-        model.sample(ids, options, on_text=write)
-    except KeyboardInterrupt:
-        write("\n[stopped]")
+    with _ctrl_c_recorded() as pressed:
+
+        def stream(text: str) -> None:
+            write(text)
+            if pressed:  # a Ctrl-C whose KeyboardInterrupt was swallowed on its way out (see _ctrl_c_recorded)
+                raise KeyboardInterrupt
+
+        try:
+            model.sample(ids, options, on_text=stream)
+        except KeyboardInterrupt:
+            write("\n[stopped]")
     write("\n")
+
+
+@contextlib.contextmanager
+def _ctrl_c_recorded() -> Iterator[list[int]]:
+    """SIGINT raises KeyboardInterrupt as usual and is also recorded in the yielded list: an exception raised while
+    Python runs a finaliser or a callback from C is printed and dropped, and the next streamed character must
+    still stop the continuation."""
+    pressed: list[int] = []
+
+    def handle(signum: int, frame: object) -> None:
+        pressed.append(signum)
+        raise KeyboardInterrupt
+
+    try:
+        previous = signal.signal(signal.SIGINT, handle)
+    except ValueError:  # not the main thread (a notebook's worker): leave signals alone
+        yield pressed
+        return
+    try:
+        yield pressed
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def run_repl(
