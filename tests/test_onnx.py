@@ -153,6 +153,8 @@ def test_the_encoder_decoder_export_rewrites_as_charlm_does(encoder_decoder, tmp
     assert sample_json(folder, *sampled)["targets"] == sample_json(ckpt, *sampled)["targets"]
     assert_one_line_error(run_cli("sample", folder, "--prompt", "abc", "--beam", "3"), 2, "beam", "ONNX export")
     assert_one_line_error(run_cli("eval", folder, "--beam", "3"), 2, "beam", "ONNX export")
+    for command in (("eval", folder, "--ensemble", ckpt), ("sample", ckpt, "--prompt", "abc", "--ensemble", folder)):
+        assert_one_line_error(run_cli(*command), 2, "--ensemble", "ONNX export")
 
 
 def test_the_encoder_decoder_export_is_scored_as_the_checkpoint_is(encoder_decoder, tmp_path):

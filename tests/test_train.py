@@ -149,6 +149,30 @@ def test_linear_schedule_follows_a_straight_line(tmp_path, corpus):
     assert [round(lr / peak, 3) for lr in lrs] == [round(1 - s / 40, 3) for s in (9, 19, 29, 39)]
 
 
+def test_label_smoothing_is_what_training_minimises_and_evaluation_leaves_out():
+    torch.manual_seed(0)
+    model = GPT(ModelConfig(n_layer=1, n_head=2, n_embd=16, block_size=8), 10)
+    x, y = torch.randint(10, (2, 8)), torch.randint(10, (2, 8))
+    model.label_smoothing = 0.2
+    logits, smoothed = model(x, y)
+    flat = (logits.view(-1, 10), y.view(-1))
+    torch.testing.assert_close(smoothed, torch.nn.functional.cross_entropy(*flat, label_smoothing=0.2))
+    model.eval()
+    torch.testing.assert_close(model(x, y)[1], torch.nn.functional.cross_entropy(*flat))
+
+
+def test_a_smoothed_run_reports_plain_cross_entropy(tmp_path, corpus):
+    summary = json.loads(_train(tmp_path / "r", corpus, sets=["train.label_smoothing=0.1"]).stdout)
+    scored = json.loads(run_cli("eval", tmp_path / "r" / "best.pt", "--json", check=True).stdout)
+    assert summary["full_val_loss"] == pytest.approx(scored["loss"], abs=1e-6)  # no smoothing in either
+    _train(tmp_path / "plain", corpus)  # the same seed and batches: only the training loss differs
+    smoothed, plain = (load_checkpoint(tmp_path / name / "best.pt") for name in ("r", "plain"))
+    assert smoothed.config.train.label_smoothing == 0.1 and plain.config.train.label_smoothing == 0.0
+    assert not torch.equal(smoothed.state["model"]["head.weight"], plain.state["model"]["head.weight"])
+    refused = run_cli(*train_cli(corpus, tmp_path / "s", steps=5, sets=["train.label_smoothing=1"]))
+    assert_one_line_error(refused, 2, "train.label_smoothing")
+
+
 def test_bf16_autocast_path_trains_on_cpu(tmp_path, corpus):
     """The mixed-precision path that CUDA takes by default, exercised here on the CPU."""
     result = _train(tmp_path / "r", corpus, steps=20, sets=["train.dtype=bfloat16"])

@@ -7,7 +7,7 @@ The commands use these same functions, so a notebook and the command line give t
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -166,11 +166,13 @@ class Model:
         batch_size: int = 64,
         unknown: UnknownPolicy = "error",
         replace_with: str | None = None,
+        ensemble: Sequence[Model] = (),
     ) -> TransductionResult:
         """An encoder-decoder on a paired file (default: its own, val split): target loss, exact match, character
         and token error rates of greedy (or beam) decoding, a source right if it matches any of its lines;
-        characters the model never saw refused, their lines skipped, or replaced (`unknown`)."""
-        return pairs.evaluate_pairs(self, path, split, beam, batch_size, unknown, replace_with)
+        characters the model never saw refused, their lines skipped, or replaced (`unknown`). `ensemble`: other
+        encoder-decoders of the same vocabulary that decode and score with this one (their mean log-probabilities)."""
+        return pairs.evaluate_pairs(self, path, split, beam, batch_size, unknown, replace_with, ensemble)
 
     def pair_scorer(self, beam: int) -> Any:
         """What scores an encoder-decoder's pairs in evaluate_pairs: None, the torch model's own score_pairs (an
@@ -184,7 +186,9 @@ class Model:
 
     def score(self, data: str | None = None, split: str | None = None, **options: Any) -> Any:
         """`charlm eval`: whichever of evaluate, evaluate_pairs and evaluate_masked this model's family scores by;
-        options: beam, stride, batch_size, unknown, replace_with (a family refuses those it cannot use)."""
+        options: beam, stride, batch_size, unknown, replace_with, ensemble (a family refuses those it cannot use)."""
+        if options.get("ensemble") and not self.family.rewrites_sources:
+            raise self.family.refuse(self, "an encoder-decoder (--ensemble decodes with several of them)")
         return self.family.score(self, data, split, options)
 
     # -- the other families' uses --------------------------------------------------------------
@@ -199,11 +203,13 @@ class Model:
         seed: int | None = None,
         unknown: UnknownPolicy = "error",
         replace_with: str | None = None,
+        ensemble: Sequence[Model] = (),
     ) -> str | list[str]:
         """An encoder-decoder's target for a source (a list for a list): greedy by default, `beam` > 1 for beam
-        search."""
+        search; with `ensemble` (other encoder-decoders of the same vocabulary), decoded by all of them together."""
         many = [sources] if isinstance(sources, str) else list(sources)
-        targets = pairs.transduce_sources(self, many, beam, temperature, top_k, top_p, seed, unknown, replace_with)
+        decoding = (beam, temperature, top_k, top_p, seed, unknown, replace_with, ensemble)
+        targets = pairs.transduce_sources(self, many, *decoding)
         return targets[0] if isinstance(sources, str) else targets
 
     def encode_source(

@@ -3,7 +3,7 @@ charlm.api.model (charlm.load and export find them there), so the torch API does
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -64,10 +64,11 @@ class OnnxModel(Model):
         seed: int | None = None,
         unknown: UnknownPolicy = "error",
         replace_with: str | None = None,
+        ensemble: Sequence[Model] = (),
     ) -> str | list[str]:
         self.encoder_decoder  # noqa: B018
-        if beam > 1:
-            raise self.torch_only("beam search (--beam)")
+        if beam > 1 or ensemble:
+            raise self.torch_only("beam search (--beam)" if beam > 1 else "an ensemble (--ensemble)")
         many = [sources] if isinstance(sources, str) else list(sources)
         ids = [self.encode_source(s, unknown, replace_with) for s in many]
         room = self.config.model.block_size

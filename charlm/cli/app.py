@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 
@@ -19,6 +19,7 @@ from charlm.cli.support import (
     ConfigOption,
     Corpus,
     DeviceOption,
+    EnsembleOption,
     Precision,
     PrecisionOption,
     SetOption,
@@ -28,6 +29,7 @@ from charlm.cli.support import (
     check_replacement,
     checkpoint_path,
     complete_device,
+    load_ensemble,
     needs_torch,
     print_json,
     remover_if_created,
@@ -263,6 +265,7 @@ def eval_(
     precision: PrecisionOption = Precision.float32,
     batch_size: Annotated[int, typer.Option(min=1, help="Windows per forward pass.")] = 64,
     beam: Annotated[int, typer.Option(min=1, max=64, help="Encoder-decoder: decode with a beam of N.")] = 1,
+    ensemble: EnsembleOption = None,
     json_out: Annotated[
         bool,
         typer.Option(
@@ -285,10 +288,13 @@ def eval_(
 
     check_replacement(replace_with)
     model = load(checkpoint_path(checkpoint), device, precision.value)  # a bad checkpoint before a bad text
-    options = {"beam": beam, "stride": stride, "batch_size": batch_size, "unknown": unknown.value}
+    members = load_ensemble(model, ensemble, device, precision.value)
+    options: dict[str, Any] = {"beam": beam, "stride": stride, "batch_size": batch_size, "unknown": unknown.value}
+    options |= {"ensemble": members} if members else {}
     result = model.score(data, split.value if split else None, **options, replace_with=replace_with)
     if json_out:
-        print_json(result.to_dict() | {"runtime": model.runtime})
+        together = {"ensemble": [str(m.path) for m in [model, *members]]} if members else {}
+        print_json(result.to_dict() | {"runtime": model.runtime} | together)
     else:
         print_score(result)
 

@@ -14,11 +14,13 @@ from charlm.cli.support import (
     CHECKPOINT_HELP,
     REPLACE_HELP,
     DeviceOption,
+    EnsembleOption,
     Precision,
     PrecisionOption,
     Unknown,
     check_replacement,
     checkpoint_path,
+    load_ensemble,
     needs_torch,
     print_json,
     write_flushed,
@@ -106,6 +108,7 @@ def sample_(
             "prompt per input line.",
         ),
     ] = False,
+    ensemble: EnsembleOption = None,
     novel: Annotated[
         bool,
         typer.Option(
@@ -138,6 +141,7 @@ def sample_(
     given = {"max_new_tokens": max_new_tokens, "temperature": temperature, "top_k": top_k, "top_p": top_p}
     check_values({**given, "stop": stop, "compile": compile_step, "use_cache": not no_cache, "beam": beam})
     model = load(checkpoint_path(checkpoint), device, precision.value)  # a bad checkpoint before a bad prompt
+    members = load_ensemble(model, ensemble, device, precision.value)
     if model.family.rewrites_sources:
         only_text = {
             "--max-new-tokens": max_new_tokens is not None,
@@ -153,7 +157,7 @@ def sample_(
                 f"{', '.join(not_for_pairs)}: not for an encoder-decoder, which rewrites each source whole (use "
                 "--prompt-file - to rewrite lines as they come)"
             )
-        decoding = (beam, temperature, top_k, top_p, seed, unknown.value, replace_with)
+        decoding = (beam, temperature, top_k, top_p, seed, unknown.value, replace_with, members)
         return transduce_lines(model, prompt, prompt_file, decoding, json_out)
     model.decoder  # noqa: B018  (an encoder is refused here in one line: it fills blanks, see `charlm fill`)
     if beam != 1:
@@ -204,7 +208,7 @@ def sample_(
 
 def transduce_lines(model, prompt, prompt_file, decoding: tuple, json_out: bool) -> None:
     """--prompt: the target alone; --prompt-file: source<TAB>target for every non-blank line."""
-    beam, temperature, top_k, top_p, seed, unknown, replace_with = decoding
+    beam, temperature, top_k, top_p, seed, unknown, replace_with, members = decoding
     from charlm.data.corpus import read_prompt
 
     if prompt_file is not None:
@@ -231,7 +235,8 @@ def transduce_lines(model, prompt, prompt_file, decoding: tuple, json_out: bool)
             f"sources, {'left out' if unknown == 'skip' else what}",
             markup=False,
         )
-    targets = model.transduce(sources, beam, temperature or 0.0, top_k, top_p or 1.0, seed, unknown, replace_with)
+    sampling = (temperature or 0.0, top_k, top_p or 1.0, seed)
+    targets = model.transduce(sources, beam, *sampling, unknown, replace_with, members)
     if json_out:
         rows = [{"source": line, "target": t} for (_, line), t in zip(numbered, targets, strict=True)]
         print_json({"targets": rows, "beam": beam, "runtime": model.runtime})

@@ -109,6 +109,35 @@ def checkpoint_path(given: Optional[str]) -> Path:
     return path
 
 
+EnsembleOption = Annotated[
+    Optional[list[str]],
+    typer.Option(
+        "--ensemble",
+        help="Encoder-decoder: another checkpoint, run folder or export of the same vocabulary that decodes with "
+        "the model, their log-probabilities averaged (repeat the option for more).",
+        show_default=False,
+    ),
+]
+
+
+def load_ensemble(model: Any, given: Optional[list[str]], device: str, precision: str) -> list[Any]:
+    """The models --ensemble names, loaded as the model was; said on stderr. Only an encoder-decoder takes them."""
+    if not given:
+        return []
+    from charlm.api.model import load
+    from charlm.families.encoder_decoder import ensemble_models
+    from charlm.progress import stderr_console
+    from charlm.storage.loading import model_path
+
+    if not model.family.rewrites_sources:
+        raise model.family.refuse(model, "an encoder-decoder (--ensemble decodes with several of them)")
+    members = [load(model_path(path), device, precision) for path in given]
+    ensemble_models(model, members)  # each member checked (family, runtime, vocabulary, context) before any work
+    names = ", ".join(str(m.path) for m in [model, *members])
+    stderr_console().print(f"an ensemble of {len(members) + 1} models: {names}", markup=False)
+    return members
+
+
 def print_json(obj: dict) -> None:
     sys.stdout.write(json.dumps(obj) + "\n")
     sys.stdout.flush()

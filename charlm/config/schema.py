@@ -205,6 +205,13 @@ class TrainConfig:
         "over the run's budget (max_steps or max_seconds, whichever is nearer)",
     )
     grad_clip: float = documented(1.0, "clip the gradient norm to this value (0 = no clipping)", ge=0.0)
+    label_smoothing: float = documented(
+        0.0,
+        "training targets keep 1 - e of their weight and spread e over the vocabulary (Szegedy et al. 2016); "
+        "reported losses and best.pt's choice stay plain cross-entropy (0 = off)",
+        ge=0.0,
+        lt=1.0,
+    )
     eval_interval: int = documented(250, "evaluate every this many optimizer steps", ge=1)
     eval_windows: int = documented(
         128, "windows scored per split at each periodic evaluation (pairs and lines: lines)", ge=1

@@ -1,30 +1,41 @@
 """Rewriting sources into targets with an encoder–decoder: batched greedy or sampled decoding, beam search, and the
 metrics of transduction (exact match, character and token error rates).
 
-The encoder runs once per batch of sources; the decoder is KV-cached, one new character per step for every row.
+The encoder runs once per batch of sources; the decoder is KV-cached, one new character per step for every row. An
+ensemble (several models of one vocabulary and context, given as a list) decodes and is scored on the mean of its
+members' log-probabilities, renormalised: the product of their distributions.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
-from charlm.data.pairs import Pair, ReplacedSource, pad_batch, pairs_total
+from charlm.data.corpus import IGNORE
+from charlm.data.pairs import Pair, ReplacedSource, in_batches, pad_batch, pairs_total
 from charlm.data.tokenizer import BOS, EOS, PAD
 from charlm.decoding.options import DecodeOptions
 from charlm.decoding.sampling import sample_next
 from charlm.models.encoder_decoder import EncoderDecoder
 
+Models = EncoderDecoder | Sequence[EncoderDecoder]  # one model, or an ensemble's members
+
+
+def members(model: Models) -> list[EncoderDecoder]:
+    return list(model) if isinstance(model, (list, tuple)) else [model]  # type: ignore[list-item]
+
 
 @torch.no_grad()
-def transduce(model: EncoderDecoder, sources: list[list[int]], options: DecodeOptions) -> list[list[int]]:
+def transduce(model: Models, sources: list[list[int]], options: DecodeOptions) -> list[list[int]]:
     """The target ids (without BOS/EOS) for every source, in the order given."""
-    model.eval()
-    device = next(model.parameters()).device
+    for m in members(model):
+        m.eval()
+    device = next(members(model)[0].parameters()).device
     generator = torch.Generator(device=device)
     generator.manual_seed(options.seed if options.seed is not None else torch.seed())  # no seed: a fresh draw
     results: dict[int, list[int]] = {}
@@ -40,38 +51,49 @@ def transduce(model: EncoderDecoder, sources: list[list[int]], options: DecodeOp
     return [results[i] for i in range(len(sources))]
 
 
-def _limit(model: EncoderDecoder, options: DecodeOptions) -> int:
-    room = model.config.block_size - 1  # BOS takes the first position
+def _limit(model: Models, options: DecodeOptions) -> int:
+    room = members(model)[0].config.block_size - 1  # BOS takes the first position (an ensemble shares its context)
     return min(options.max_new_tokens, room)
 
 
 class TargetSteps:
-    """The target side of transduction, one position at a time for every row: the sources encoded once (each repeated
-    `copies` times, one row per beam), a KV cache, and next-character logits in which padding and the start symbol
-    are never chosen. Greedy, sampled and beam decoding all step through it."""
+    """The target side of transduction, one position at a time for every row: the sources encoded once by each model
+    (each repeated `copies` times, one row per beam), a KV cache per model, and next-character logits in which
+    padding and the start symbol are never chosen. Greedy, sampled and beam decoding all step through it."""
 
-    def __init__(self, model: EncoderDecoder, sources: list[list[int]], copies: int = 1):
-        self.model, self.device = model, next(model.parameters()).device
+    def __init__(self, model: Models, sources: list[list[int]], copies: int = 1):
+        self.models = members(model)
+        self.device = next(self.models[0].parameters()).device
         (src, _), _ = pad_batch([(s, []) for s in sources], self.device)
-        encoded, key_mask = model.encode(src)  # once per source
-        if copies > 1:
-            encoded, key_mask = encoded.repeat_interleave(copies, dim=0), key_mask.repeat_interleave(copies, dim=0)
-        self.memory, self.key_mask = model.memory(encoded), key_mask
-        self.cache = model.new_cache(len(sources) * copies, self.device)
+        self.memory, self.key_mask, self.caches = [], [], []
+        for m in self.models:
+            encoded, key_mask = m.encode(src)  # once per source
+            if copies > 1:
+                encoded, key_mask = encoded.repeat_interleave(copies, dim=0), key_mask.repeat_interleave(copies, dim=0)
+            self.memory.append(m.memory(encoded))
+            self.key_mask.append(key_mask)
+            self.caches.append(m.new_cache(len(sources) * copies, self.device))
 
     def logits(self, token: torch.Tensor) -> torch.Tensor:
-        """Each row's next-character logits (R, V) after feeding it `token` (R, 1)."""
-        logits = self.model.decode(token, self.memory, self.key_mask, self.cache)[:, -1].float()  # (R, V)
-        logits[:, [PAD, BOS]] = -math.inf  # never written inside a target
-        return logits
+        """Each row's next-character logits (R, V) after feeding it `token` (R, 1); an ensemble's are its members'
+        mean log-probabilities."""
+        each = []
+        for m, memory, key_mask, cache in zip(self.models, self.memory, self.key_mask, self.caches, strict=True):
+            logits = m.decode(token, memory, key_mask, cache)[:, -1].float()  # (R, V)
+            logits[:, [PAD, BOS]] = -math.inf  # never written inside a target
+            each.append(logits)
+        if len(each) == 1:
+            return each[0]
+        return torch.stack([torch.log_softmax(logits, dim=-1) for logits in each]).mean(0)  # (R, V)
 
     def keep_rows(self, index: torch.Tensor) -> None:
         """Continue from these rows (beam search: the hypotheses kept, in their new order)."""
-        self.cache.select_rows(index)
+        for cache in self.caches:
+            cache.select_rows(index)
 
 
 def _decode_batch(
-    model: EncoderDecoder, sources: list[list[int]], options: DecodeOptions, generator: torch.Generator
+    model: Models, sources: list[list[int]], options: DecodeOptions, generator: torch.Generator
 ) -> list[list[int]]:
     steps = TargetSteps(model, sources)
     token = torch.full((len(sources), 1), BOS, dtype=torch.long, device=steps.device)  # (B, 1)
@@ -90,12 +112,12 @@ def _decode_batch(
     return out
 
 
-def beam_search(model: EncoderDecoder, source: list[int], options: DecodeOptions) -> list[int]:
+def beam_search(model: Models, source: list[int], options: DecodeOptions) -> list[int]:
     """One source's best target by beam search (see beam_batch)."""
     return beam_batch(model, [source], options)[0]
 
 
-def beam_batch(model: EncoderDecoder, sources: list[list[int]], options: DecodeOptions) -> list[list[int]]:
+def beam_batch(model: Models, sources: list[list[int]], options: DecodeOptions) -> list[list[int]]:
     """Beam search for a batch of sources at once: row b·N + k of the decoder holds beam k of source b.
 
     A hypothesis ends at EOS; the best is the one with the highest mean log-probability per character (EOS
@@ -222,7 +244,7 @@ def error_rates(references: list[list[str]], hypotheses: list[str]) -> dict[str,
 
 
 def score_pairs(
-    model: EncoderDecoder,
+    model: Models,
     decode: Callable[[list[int]], str],
     pairs: list[Pair],
     options: DecodeOptions,
@@ -230,9 +252,28 @@ def score_pairs(
 ) -> TransductionResult:
     """Teacher-forced loss and decoded metrics of `pairs`, each distinct source decoded once and scored against all
     of its references; `decode` turns target ids into text."""
-    device = next(model.parameters()).device
-    total, count = pairs_total(model, pairs, device, batch_size)
+    models = members(model)
+    device = next(models[0].parameters()).device
+    if len(models) == 1:
+        total, count = pairs_total(models[0], pairs, device, batch_size)
+    else:
+        total, count = ensemble_total(models, pairs, device, batch_size)
     return against_references(decode, pairs, total, count, lambda sources: transduce(model, sources, options), options)
+
+
+@torch.no_grad()
+def ensemble_total(
+    models: list[EncoderDecoder], pairs: list[Pair], device: torch.device, batch_size: int
+) -> tuple[float, int]:
+    """Summed cross-entropy (nats) of the ensemble's distribution over every target character and EOS, and how many
+    there were: the distribution decoding draws from (the members' mean log-probabilities, renormalised)."""
+    total, count = 0.0, 0
+    for batch in in_batches(pairs, batch_size):
+        (src, tgt_in), targets = pad_batch(batch, device)
+        mean = torch.stack([torch.log_softmax(m.eval()(src, tgt_in)[0].float(), dim=-1) for m in models]).mean(0)
+        total += float(F.cross_entropy(mean.transpose(1, 2), targets, ignore_index=IGNORE, reduction="sum"))
+        count += sum(len(t) + 1 for _, t in batch)
+    return total, count
 
 
 def source_key(source: list[int], index: int) -> Any:

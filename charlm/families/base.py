@@ -52,6 +52,9 @@ class Loaded(Protocol):
     @property
     def device(self) -> torch.device: ...
 
+    @property
+    def runtime(self) -> str: ...  # what computes the logits: torch, or onnxruntime for an ONNX export
+
     def encode_prompt(
         self, prompt: str, unknown: UnknownPolicy = "error", replace_with: str | None = None
     ) -> list[int]: ...

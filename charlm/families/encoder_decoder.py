@@ -3,7 +3,7 @@ lines to rewrite a source string into its target, scored by exact match and erro
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, cast
 
@@ -16,7 +16,7 @@ from charlm.data.pairs import Pair, PairBatches, PairCorpus, pairs_total
 from charlm.data.tokenizer import BOS, SPECIAL_CHARS, UNKNOWN_CHAR, UnknownPolicy
 from charlm.decoding.options import DecodeOptions, field_name
 from charlm.decoding.stepped import GraphRuntime, RuntimeCheck
-from charlm.decoding.transduce import TransductionResult, score_pairs, transduce
+from charlm.decoding.transduce import Models, TransductionResult, score_pairs, transduce
 from charlm.errors import UsageError
 from charlm.evaluation.loss import EvalResult
 from charlm.families.base import AnyCorpus, Family, Loaded, data_name, num_params, optimizer_name
@@ -75,7 +75,7 @@ class EncoderDecoderFamily(Family):
     def score(self, loaded: Loaded, data: str | None, split: str | None, options: dict[str, Any]) -> Any:
         if options.get("stride") is not None:
             raise UsageError("--stride slides windows over a text; an encoder-decoder is scored line by line")
-        keys = ("beam", "batch_size", "unknown", "replace_with")
+        keys = ("beam", "batch_size", "unknown", "replace_with", "ensemble")
         return evaluate_pairs(loaded, data, split, **{k: options[k] for k in keys if k in options})
 
     def card(self, loaded: Loaded, steps: int, folder: Path, files: str) -> str:
@@ -100,15 +100,43 @@ def transduce_sources(
     seed: int | None = None,
     unknown: UnknownPolicy = "error",
     replace_with: str | None = None,
+    ensemble: Sequence[Loaded] = (),
 ) -> list[str]:
-    """charlm.Model.transduce: each source's target, greedy by default, `beam` > 1 for beam search."""
-    module = loaded.family.as_encoder_decoder(loaded)
+    """charlm.Model.transduce: each source's target, greedy by default, `beam` > 1 for beam search; with `ensemble`,
+    decoded by this model and those together."""
+    module = ensemble_models(loaded, ensemble)
     ids = [encode_source(loaded, s, unknown, replace_with) for s in sources]
     room = loaded.config.model.block_size
     options = DecodeOptions(
         beam=beam, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, max_new_tokens=room
     )
     return [loaded.tokenizer.decode(t) for t in transduce(module, ids, options.checked(field_name))]
+
+
+def ensemble_models(loaded: Loaded, ensemble: Sequence[Loaded] = ()) -> Models:
+    """The torch model of `loaded`, or with `ensemble` the list of it and theirs: encoder-decoders run by torch that
+    share its vocabulary, context and device (an ensemble averages predictions over one set of characters)."""
+    if not ensemble:
+        return loaded.family.as_encoder_decoder(loaded)
+    models = [loaded.family.as_encoder_decoder(loaded)]
+    for member in ensemble:
+        for which in (loaded, member):
+            if which.runtime != "torch":
+                raise UsageError(f"--ensemble needs torch models; {which.path} is an ONNX export: use checkpoints")
+        models.append(member.family.as_encoder_decoder(member))  # another family: refused in one line
+        if member.tokenizer.chars != loaded.tokenizer.chars:
+            raise UsageError(
+                f"--ensemble {member.path}: its vocabulary differs from that of {loaded.path}; an ensemble's models "
+                "must be trained on the same characters (the same data)"
+            )
+        if member.config.model.block_size != loaded.config.model.block_size:
+            raise UsageError(
+                f"--ensemble {member.path}: its context is {member.config.model.block_size} characters, that of "
+                f"{loaded.path} {loaded.config.model.block_size}; an ensemble's models must share model.block_size"
+            )
+        if member.device != loaded.device:
+            raise UsageError(f"--ensemble {member.path} is on {member.device}, {loaded.path} on {loaded.device}")
+    return models
 
 
 def encode_source(
@@ -157,11 +185,14 @@ def evaluate_pairs(
     batch_size: int = 64,
     unknown: UnknownPolicy = "error",
     replace_with: str | None = None,
+    ensemble: Sequence[Loaded] = (),
 ) -> TransductionResult:
     """charlm.Model.evaluate_pairs: target loss, exact match, character and token error rates on a paired file (every
     reference of a source counted); characters the model never saw are refused, skipped or replaced (`unknown`).
-    The chosen pairs are scored by the model's pair_scorer (the torch model's own score_pairs unless it gives one)."""
+    The chosen pairs are scored by the model's pair_scorer (the torch model's own score_pairs unless it gives one);
+    with `ensemble`, by this model and those together (their mean log-probabilities)."""
     scorer: PairScorer | None = loaded.pair_scorer(beam)  # first: it refuses what its runtime cannot do
+    models = ensemble_models(loaded, ensemble) if scorer is None or ensemble else None  # refused on onnxruntime
     own = loaded.config.data.path
     given = str(path) if path is not None else own
     split = split or ("val" if same_path(given, own) else "all")
@@ -173,12 +204,11 @@ def evaluate_pairs(
     if not scored:
         raise UsageError(f"the {split} split of {given} holds no line to score (--unknown skip left them all out?)")
     options = DecodeOptions(beam=beam, batch_size=batch_size, temperature=0.0, max_new_tokens=room).checked(field_name)
-    if scorer is None:
-        module = loaded.family.as_encoder_decoder(loaded)
+    if models is not None:
         with loaded.scoring_kernels():
-            result = score_pairs(module, loaded.tokenizer.decode, scored, options, batch_size)
-    else:
-        result = scorer(scored, options, batch_size)
+            result = score_pairs(models, loaded.tokenizer.decode, scored, options, batch_size)
+    else:  # an ONNX export's own scorer
+        result = cast(PairScorer, scorer)(scored, options, batch_size)
     result.split, result.file = split, split_file(data, split)
     result.unknown_chars, result.unknown_lines = corpus.unknown_counts.get(result.file, (0, 0))
     return result

@@ -82,6 +82,7 @@ class Transformer(nn.Module):
     def __init__(self, config: ModelConfig, vocab_size: int):
         super().__init__()
         self.config, self.vocab_size = config, vocab_size
+        self.label_smoothing = 0.0  # a training setting (train.label_smoothing): the trainer sets it
         # The original paper scales embeddings by sqrt(d) before adding the fixed sinusoids; without it the
         # unit-amplitude sinusoids swamp the small initial embeddings (docs/benchmarks.md has the cost).
         self.embed_scale = math.sqrt(config.n_embd) if config.pos_encoding == "sinusoidal" else 1.0
@@ -139,9 +140,11 @@ class Transformer(nn.Module):
         return logits
 
     def loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """Mean cross-entropy over the targets that are not IGNORE; while training a mixture of experts, plus the
-        routers' load-balancing term."""
-        loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=IGNORE)
+        """Mean cross-entropy over the targets that are not IGNORE; while training, with the trainer's label
+        smoothing and, in a mixture of experts, plus the routers' load-balancing term."""
+        smoothing = self.label_smoothing if self.training else 0.0
+        flat = logits.float().view(-1, logits.size(-1))
+        loss = F.cross_entropy(flat, targets.reshape(-1), ignore_index=IGNORE, label_smoothing=smoothing)
         if self.training and self.config.n_experts:
             mixtures = [m for m in self.modules() if isinstance(m, MixtureOfExperts)]
             loss = loss + self.config.moe_aux_weight * sum(m.aux_loss for m in mixtures) / len(mixtures)

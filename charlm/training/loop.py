@@ -13,7 +13,7 @@ import signal
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -65,6 +65,7 @@ class Trainer:
         self.dist = dist or Dist()
         self.started = time.perf_counter() if started is None else started  # the invocation's start, for wall_s
         tc = config.train
+        cast(Any, model).label_smoothing = tc.label_smoothing  # the loss training minimises (evaluations: plain)
         self.amp_dtype = training_dtype(config, device)  # decided once: steps, evaluations and the final pass
         self.optimizer = make_optimizer(model, tc, device)
         self.schedule = LRSchedule(tc)
