@@ -27,7 +27,8 @@ Models = EncoderDecoder | Sequence[EncoderDecoder]  # one model, or an ensemble'
 
 
 def members(model: Models) -> list[EncoderDecoder]:
-    return list(model) if isinstance(model, (list, tuple)) else [model]  # type: ignore[list-item]
+    """The models that decode: the one given, or an ensemble's members."""
+    return list(model) if isinstance(model, Sequence) else [model]
 
 
 @torch.no_grad()
