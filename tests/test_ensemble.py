@@ -74,6 +74,8 @@ def test_eval_and_sample_decode_with_every_member(runs, tmp_path):
     targets = one.transduce(["abcdef", "hgfe", "jjab"], ensemble=[two])
     assert out.stdout == "".join(f"{s}\t{t}\n" for s, t in zip(["abcdef", "hgfe", "jjab"], targets, strict=True))
     assert "an ensemble of 2 models" in out.stderr
+    listed = json.loads(run_cli("sample", run1, "--prompt", "abcdef", "--ensemble", run2, "--json", check=True).stdout)
+    assert listed["targets"][0]["target"] == targets[0] and len(listed["ensemble"]) == 2
 
 
 def test_models_that_cannot_join_are_refused_in_one_line(runs, tmp_path, tiny_checkpoint):

@@ -17,6 +17,7 @@ pytest.importorskip("onnxscript", reason="torch.onnx's exporter needs onnxscript
 
 import charlm
 from charlm.storage.checkpoint import load_checkpoint, save_checkpoint
+from charlm.storage.web_export import CDN
 
 TOLERANCE = 1e-4
 # The default recipe's options (configs/cpu.yaml: RoPE, SwiGLU, token shift, 3 heads) at a width a test trains in
@@ -216,9 +217,11 @@ def test_a_folder_that_holds_anything_is_replaced_only_with_overwrite(tmp_path, 
     for args in (("--format", "onnx"), ("--web",), ()):
         assert_one_line_error(run_cli("export", ckpt, target, *args), 2, "not empty", "--overwrite")
     assert (target / "notes.txt").read_text() == "mine"
-    run_cli("export", ckpt, target, "--format", "onnx", "--overwrite", check=True)
-    assert sorted(p.name for p in target.iterdir()) == ["README.md", "config.json", "model.onnx", "vocab.json"]
-    (tmp_path / "empty").mkdir()  # an empty folder is taken (the formats share the check)
+    run_cli("export", ckpt, target, "--web", "--overwrite", check=True)  # the page, with the public runtime
+    files = ["README.md", "charlm-web.css", "charlm-web.js", "config.json", "index.html", "model.onnx", "vocab.json"]
+    assert sorted(p.name for p in target.iterdir()) == files
+    assert f'src="{CDN}ort.wasm.min.js"' in (target / "index.html").read_text()
+    (tmp_path / "empty").mkdir()  # an empty folder is taken (an ONNX export moves it aside as it does an old one)
     run_cli("export", ckpt, tmp_path / "empty", check=True)
     assert (tmp_path / "empty" / "model.safetensors").is_file()
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import io
 import os
 import pty
 import select
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -45,6 +47,41 @@ def test_pipe_mistake_is_one_line_and_exit_code(tiny_checkpoint):
     result = run_cli("sample", tiny_checkpoint, "--interactive", input="/temperature hot\n")
     assert result.returncode != 0
     assert "/temperature takes a number" in result.stderr and "Traceback" not in result.stderr
+
+
+class CtrlCOnItsWayOut(io.StringIO):
+    """A terminal whose first write is followed by a Ctrl-C that Python drops: the KeyboardInterrupt is raised in a
+    finaliser (as it can be in any finaliser or callback from C that runs while a continuation streams), where
+    Python reports it to sys.unraisablehook and goes on."""
+
+    def write(self, text: str) -> int:
+        written = super().write(text)
+        if len(self.getvalue()) > 8 and not getattr(self, "pressed", False):
+            self.pressed = True
+            SendsCtrlCWhenCollected()  # collected at once: its finaliser runs here
+        return written
+
+
+class SendsCtrlCWhenCollected:
+    def __del__(self) -> None:
+        os.kill(os.getpid(), signal.SIGINT)
+        for _ in range(1000):  # bytecode to run the Python-level handler on, inside the finaliser
+            pass
+
+
+def test_a_ctrl_c_dropped_in_a_finaliser_still_stops_the_continuation(tiny_checkpoint, monkeypatch):
+    from charlm.api.model import load
+    from charlm.cli.repl import _continue
+    from charlm.decoding.options import DecodeOptions
+
+    dropped: list[type] = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda unraisable: dropped.append(unraisable.exc_type))
+    before = signal.getsignal(signal.SIGINT)
+    out = CtrlCOnItsWayOut()
+    _continue(load(tiny_checkpoint), "JULIET:", DecodeOptions(max_new_tokens=100_000), "error", None, out)
+    assert dropped == [KeyboardInterrupt]  # the exception never reached the loop
+    assert out.getvalue().endswith("\n[stopped]\n") and len(out.getvalue()) < 100  # the next character stopped it
+    assert signal.getsignal(signal.SIGINT) is before  # the REPL's handler is gone once the continuation ends
 
 
 def test_interactive_refuses_a_prompt_flag(tiny_checkpoint):

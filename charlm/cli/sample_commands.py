@@ -239,7 +239,8 @@ def transduce_lines(model, prompt, prompt_file, decoding: tuple, json_out: bool)
     targets = model.transduce(sources, beam, *sampling, unknown, replace_with, members)
     if json_out:
         rows = [{"source": line, "target": t} for (_, line), t in zip(numbered, targets, strict=True)]
-        print_json({"targets": rows, "beam": beam, "runtime": model.runtime})
+        together = {"ensemble": [str(m.path) for m in [model, *members]]} if members else {}
+        print_json({"targets": rows, "beam": beam, "runtime": model.runtime} | together)
     elif prompt_file is None:
         sys.stdout.write(targets[0] + "\n")
     else:

@@ -208,7 +208,8 @@ class TrainConfig:
     label_smoothing: float = documented(
         0.0,
         "training targets keep 1 - e of their weight and spread e over the vocabulary (Szegedy et al. 2016); "
-        "reported losses and best.pt's choice stay plain cross-entropy (0 = off)",
+        "the step loss is this smoothed objective, while evaluated losses (train_loss, val_loss, the full "
+        "validation pass) and best.pt's choice stay plain cross-entropy (0 = off)",
         ge=0.0,
         lt=1.0,
     )

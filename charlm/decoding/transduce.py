@@ -267,13 +267,17 @@ def ensemble_total(
     models: list[EncoderDecoder], pairs: list[Pair], device: torch.device, batch_size: int
 ) -> tuple[float, int]:
     """Summed cross-entropy (nats) of the ensemble's distribution over every target character and EOS, and how many
-    there were: the distribution decoding draws from (the members' mean log-probabilities, renormalised)."""
+    there were: the members' mean log-probabilities, renormalised (over the whole vocabulary, as pairs_total scores
+    one model; decoding also never picks padding or the start symbol)."""
+    modes = [m.training for m in models]
     total, count = 0.0, 0
     for batch in in_batches(pairs, batch_size):
         (src, tgt_in), targets = pad_batch(batch, device)
         mean = torch.stack([torch.log_softmax(m.eval()(src, tgt_in)[0].float(), dim=-1) for m in models]).mean(0)
         total += float(F.cross_entropy(mean.transpose(1, 2), targets, ignore_index=IGNORE, reduction="sum"))
         count += sum(len(t) + 1 for _, t in batch)
+    for m, mode in zip(models, modes, strict=True):
+        m.train(mode)
     return total, count
 
 

@@ -136,7 +136,7 @@ class Family(abc.ABC):
     @abc.abstractmethod
     def score(self, loaded: Loaded, data: str | None, split: str | None, options: dict[str, Any]) -> Any:
         """`charlm eval`: the family's own figures for a file (default: its corpus's validation split). options:
-        beam, stride, batch_size, unknown, replace_with; a family refuses, by flag, those it cannot use."""
+        beam, stride, batch_size, unknown, replace_with, ensemble; a family refuses, by flag, those it cannot use."""
 
     @abc.abstractmethod
     def card(self, loaded: Loaded, steps: int, folder: Path, files: str) -> str:
