@@ -15,9 +15,10 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from charlm.data.corpus import IGNORE
-from charlm.data.pairs import Pair, ReplacedSource, in_batches, pad_batch, pairs_total
+from charlm.data.pairs import Pair, ReplacedSource, pad_batch, pairs_total
 from charlm.data.tokenizer import BOS, EOS, PAD
 from charlm.decoding.options import DecodeOptions
 from charlm.decoding.sampling import sample_next
@@ -262,23 +263,29 @@ def score_pairs(
     return against_references(decode, pairs, total, count, lambda sources: transduce(model, sources, options), options)
 
 
-@torch.no_grad()
+class MeanOfMembers(nn.Module):
+    """An ensemble as one model for teacher-forced scoring: forward gives the members' mean log-probabilities
+    (B, T, V) and the cross-entropy of their renormalisation, the distribution decoding draws from."""
+
+    def __init__(self, models: list[EncoderDecoder]):
+        super().__init__()
+        self.members = nn.ModuleList(models)
+
+    def forward(
+        self, src: torch.Tensor, tgt_in: torch.Tensor, targets: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        mean = torch.stack([torch.log_softmax(m(src, tgt_in)[0].float(), dim=-1) for m in self.members]).mean(0)
+        if targets is None:
+            return mean, None
+        return mean, F.cross_entropy(mean.flatten(0, 1), targets.flatten(), ignore_index=IGNORE)
+
+
 def ensemble_total(
     models: list[EncoderDecoder], pairs: list[Pair], device: torch.device, batch_size: int
 ) -> tuple[float, int]:
-    """Summed cross-entropy (nats) of the ensemble's distribution over every target character and EOS, and how many
-    there were: the members' mean log-probabilities, renormalised (over the whole vocabulary, as pairs_total scores
-    one model; decoding also never picks padding or the start symbol)."""
-    modes = [m.training for m in models]
-    total, count = 0.0, 0
-    for batch in in_batches(pairs, batch_size):
-        (src, tgt_in), targets = pad_batch(batch, device)
-        mean = torch.stack([torch.log_softmax(m.eval()(src, tgt_in)[0].float(), dim=-1) for m in models]).mean(0)
-        total += float(F.cross_entropy(mean.transpose(1, 2), targets, ignore_index=IGNORE, reduction="sum"))
-        count += sum(len(t) + 1 for _, t in batch)
-    for m, mode in zip(models, modes, strict=True):
-        m.train(mode)
-    return total, count
+    """pairs_total of the ensemble's distribution: its summed cross-entropy (nats) over every target character and
+    EOS, and how many there were (over the whole vocabulary, as one model is scored)."""
+    return pairs_total(MeanOfMembers(models), pairs, device, batch_size)
 
 
 def source_key(source: list[int], index: int) -> Any:
