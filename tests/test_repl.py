@@ -8,6 +8,7 @@ import pty
 import select
 import signal
 import sys
+import termios
 import time
 from collections.abc import Callable
 
@@ -97,6 +98,12 @@ class Terminal:
         if self.pid == 0:  # child: the pty is its controlling terminal, so Ctrl-C becomes SIGINT
             env = {**os.environ, "PYTHONPATH": str(REPO), "TERM": "dumb"}
             os.execvpe(sys.executable, [sys.executable, "-m", "charlm", *args], env)
+        # A terminal flushes its pending output when Ctrl-C raises SIGINT (unless NOFLSH), after sending the signal:
+        # a REPL fast enough to print "[stopped]" and its prompt before that flush would have both discarded, and the
+        # test would wait for text that was thrown away. Keep output, as `stty noflsh` does.
+        attributes = termios.tcgetattr(self.fd)
+        attributes[3] |= termios.NOFLSH
+        termios.tcsetattr(self.fd, termios.TCSANOW, attributes)
         self.seen = ""
 
     def read_until(self, needle: str, timeout: float = 60) -> str:
