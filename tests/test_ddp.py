@@ -110,16 +110,65 @@ def test_a_single_process_checkpoint_resumes_under_torchrun(tmp_path, corpus):
     assert load_checkpoint(run / "last.pt").step == 16
 
 
-@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
-def test_two_ranks_of_batch_b_equal_one_process_of_batch_2b_after_one_step(tmp_path, corpus, optimizer):
-    batch = 4
-    sets = [f"train.batch_size={batch}", "train.warmup_steps=0", "train.lr=1e-2", f"train.optimizer={optimizer}"]
-    result = torchrun(*train_cli(corpus, tmp_path / "ddp", steps=1, config=TINY, sets=sets))
-    assert result.returncode == 0, result.stderr
-    ddp_weights = load_checkpoint(tmp_path / "ddp" / "last.pt").state["model"]
+def one_step_sets(*sets: str) -> list[str]:
+    """A one-step run's settings: batch B = 4 per rank, no warm-up, a learning rate that moves every weight."""
+    return ["train.batch_size=4", "train.warmup_steps=0", "train.lr=1e-2", *sets]
 
+
+def pairs_data(folder: Path, given: bool) -> tuple[Path, list[str]]:
+    """Reversed words, and with `given` validation and test files of their own (every training line trained on)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    data = folder / "pairs.tsv"
+    data.write_text("".join(f"{w}\t{w[::-1]}\n" for w in ("abc", "bcad", "cabbd", "dd", "acdb") * 20))
+    sets = ["model.arch=encoder-decoder", "data.format=pairs", "model.n_layer=1", "model.n_embd=32"]
+    sets += ["model.block_size=16"]
+    if given:
+        (folder / "val.tsv").write_text("bad\tdab\ncab\tbac\n")
+        (folder / "test.tsv").write_text("dab\tbad\n")
+        sets += [f"data.val_path={folder / 'val.tsv'}", f"data.test_path={folder / 'test.tsv'}"]
+    return data, one_step_sets(*sets)
+
+
+@pytest.fixture(scope="module")
+def one_step_runs(tmp_path_factory, corpus) -> dict[str, tuple[Path, list[str], dict]]:
+    """One step of two ranks for each family (and both optimizers), all trained in one torchrun launch
+    (tests/ddp_runs.py): name -> (data, the run's settings on top of the tiny config, the weights it saved)."""
+    tmp = tmp_path_factory.mktemp("ddp-one-step")
+    tiny = [s for s in TINY[2:] if s != "--set"]
+    runs = {
+        "adamw": (corpus, one_step_sets(*tiny, "train.optimizer=adamw")),
+        "muon": (corpus, one_step_sets(*tiny, "train.optimizer=muon")),
+        "encoder": (corpus, one_step_sets(*tiny, "model.arch=encoder")),
+        "split": pairs_data(tmp / "split", given=False),
+        "given-files": pairs_data(tmp / "given-files", given=True),
+    }
+    spec = [
+        {"config": "tiny", "sets": sets, "data": str(data), "out": str(tmp / name / "ddp"), "steps": 1}
+        for name, (data, sets) in runs.items()
+    ]
+    (tmp / "runs.json").write_text(json.dumps(spec))
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    result = subprocess.run(
+        [*launch, str(REPO / "tests" / "ddp_runs.py"), str(tmp / "runs.json")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=HANG_S,
+        stdin=subprocess.DEVNULL,
+    )
+    assert result.returncode == 0, result.stderr
+    return {
+        name: (data, sets, load_checkpoint(tmp / name / "ddp" / "last.pt").state["model"])
+        for name, (data, sets) in runs.items()
+    }
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_two_ranks_of_batch_b_equal_one_process_of_batch_2b_after_one_step(one_step_runs, optimizer):
+    corpus, sets, ddp_weights = one_step_runs[optimizer]
     # one process, batch 2B: the windows rank 0 and rank 1 drew, the same initial weights, one optimizer step
-    config = load_config("tiny", sets + [s for s in TINY[2:] if s != "--set"] + [f"data.path={corpus}"])
+    config = load_config("tiny", [*sets, f"data.path={corpus}"])
     corpus_ids = Corpus.from_file(corpus, config.data.val_fraction)
     seed_everything(config.train.seed)
     model = GPT(config.model, corpus_ids.tokenizer.vocab_size)
@@ -127,7 +176,7 @@ def test_two_ranks_of_batch_b_equal_one_process_of_batch_2b_after_one_step(tmp_p
         RandomWindows(
             corpus_ids.train,
             config.model.block_size,
-            batch,
+            config.train.batch_size,
             torch.device("cpu"),
             seed=seed_for_rank(config.train.seed, rank),
         ).next_batch()
@@ -209,30 +258,20 @@ def test_one_failing_rank_brings_the_job_down_quickly(tmp_path, corpus, sig):
             job.kill()
 
 
-@pytest.mark.parametrize("given", [False, True], ids=["split", "given-files"])
-def test_encoder_decoder_two_ranks_of_batch_b_equal_one_process_of_batch_2b(tmp_path, given):
+@pytest.mark.parametrize("kind", ["split", "given-files"])
+def test_encoder_decoder_two_ranks_of_batch_b_equal_one_process_of_batch_2b(one_step_runs, kind):
     from charlm.data.pairs import PairBatches, PairCorpus
     from charlm.models.encoder_decoder import EncoderDecoder
 
-    data = tmp_path / "pairs.tsv"
-    data.write_text("".join(f"{w}\t{w[::-1]}\n" for w in ("abc", "bcad", "cabbd", "dd", "acdb") * 20))
-    batch = 4
-    sets = [f"train.batch_size={batch}", "train.warmup_steps=0", "train.lr=1e-2", "model.arch=encoder-decoder"]
-    sets += ["data.format=pairs", "model.n_layer=1", "model.n_embd=32", "model.block_size=16"]
-    if given:  # the shared task's way: validation and test files of their own, every training line trained on
-        (tmp_path / "val.tsv").write_text("bad\tdab\ncab\tbac\n")
-        (tmp_path / "test.tsv").write_text("dab\tbad\n")
-        sets += [f"data.val_path={tmp_path / 'val.tsv'}", f"data.test_path={tmp_path / 'test.tsv'}"]
-    result = torchrun(*train_cli(data, tmp_path / "ddp", steps=1, config="tiny", sets=sets))
-    assert result.returncode == 0, result.stderr
-    ddp_weights = load_checkpoint(tmp_path / "ddp" / "last.pt").state["model"]
-
+    data, sets, ddp_weights = one_step_runs[kind]
     config = load_config("tiny", sets + [f"data.path={data}"])
     corpus = PairCorpus.from_config(config.data, config.model.block_size)
     seed_everything(config.train.seed)
     model = EncoderDecoder(config.model, corpus.tokenizer.vocab_size)
     half = [  # the batch each rank drew
-        PairBatches(corpus.train, batch, torch.device("cpu"), seed=seed_for_rank(config.train.seed, rank)).next_batch()
+        PairBatches(
+            corpus.train, config.train.batch_size, torch.device("cpu"), seed_for_rank(config.train.seed, rank)
+        ).next_batch()
         for rank in (0, 1)
     ]
     initial = model.tok_emb.weight.detach().clone()
@@ -248,17 +287,11 @@ def test_encoder_decoder_two_ranks_of_batch_b_equal_one_process_of_batch_2b(tmp_
     assert not torch.equal(model.tok_emb.weight, initial)  # the step did change the weights
 
 
-def test_encoder_two_ranks_of_batch_b_equal_one_process_of_batch_2b(tmp_path, corpus):
+def test_encoder_two_ranks_of_batch_b_equal_one_process_of_batch_2b(one_step_runs):
     from charlm.data.masking import MaskedWindows
     from charlm.models.encoder import EncoderOnly
 
-    batch = 4
-    sets = [f"train.batch_size={batch}", "train.warmup_steps=0", "train.lr=1e-2", "model.arch=encoder"]
-    sets += ["model.n_layer=1", "model.n_embd=32", "model.block_size=16", "train.eval_windows=16"]
-    result = torchrun(*train_cli(corpus, tmp_path / "ddp", steps=1, config="tiny", sets=sets))
-    assert result.returncode == 0, result.stderr
-    ddp_weights = load_checkpoint(tmp_path / "ddp" / "last.pt").state["model"]
-
+    corpus, sets, ddp_weights = one_step_runs["encoder"]
     config = load_config("tiny", sets + [f"data.path={corpus}"])
     text = Corpus.from_file(corpus, config.data.val_fraction)
     seed_everything(config.train.seed)
@@ -267,7 +300,7 @@ def test_encoder_two_ranks_of_batch_b_equal_one_process_of_batch_2b(tmp_path, co
         MaskedWindows(
             text.train,
             config.model.block_size,
-            batch,
+            config.train.batch_size,
             torch.device("cpu"),
             seed_for_rank(config.train.seed, rank),
             text.tokenizer.vocab_size,

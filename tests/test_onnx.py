@@ -134,7 +134,7 @@ def encoder_decoder(tmp_path_factory) -> tuple[Path, Path]:
     pairs.write_text("".join(f"{w}\t{w[::-1]}\n" for w in words), encoding="utf-8")
     config = [*SMALL, "--set", "model.arch=encoder-decoder", "--set", "data.format=pairs", "--set", "model.n_head=4"]
     config += ["--set", "model.pos_encoding=rope", "--set", "model.token_shift=true", "--set", "train.batch_size=32"]
-    ckpt = train(tmp, config, pairs, steps=150, shift=True)
+    ckpt = train(tmp, config, pairs, steps=60, shift=True)
     result = run_cli("export", ckpt, tmp / "onnx", "--format", "onnx", check=True)
     assert "8 greedy targets identical" in result.stderr
     return ckpt, tmp / "onnx"

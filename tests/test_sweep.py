@@ -87,7 +87,7 @@ def test_a_sweep_killed_mid_trial_goes_on_with_the_same_command_counting_each_tr
     kill lands inside that trial); meanwhile a second sweep into the folder is refused. The same command then finishes
     the sweep: three trials, each grid value once, the killed trial rerun in its own folder."""
     params = {"model.n_head": {"choices": [1, 2, 4]}}
-    spec = write_spec(tmp_path, corpus, params, sampler="grid", budget={"steps": 300})
+    spec = write_spec(tmp_path, corpus, params, sampler="grid", budget={"steps": 80})
     out = tmp_path / "sweep"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     command = [sys.executable, "-m", "charlm", "sweep", str(spec), "--out-dir", str(out), "--json"]
@@ -111,7 +111,7 @@ def test_a_sweep_killed_mid_trial_goes_on_with_the_same_command_counting_each_tr
     assert results["trials_counted"] == len(rows) == 3 and results["trials_cut_short"] == 1
     assert sorted(r["params"]["model.n_head"] for r in rows) == [1, 2, 4]
     assert sorted(Path(r["folder"]).name for r in rows) == ["trial-000", "trial-001", "trial-002"]
-    assert all(r["state"] == "complete" and r["steps"] == 300 for r in rows)
+    assert all(r["state"] == "complete" and r["steps"] == 80 for r in rows)
     assert sorted(p.name for p in out.iterdir() if p.name.startswith("trial-")) == [
         "trial-000",
         "trial-001",

@@ -23,6 +23,7 @@ class Dist:
     world_size: int = 1
     local_rank: int = 0
     active: bool = False  # a process group exists (under torchrun, even with one process)
+    owns_group: bool = False  # setup() created it, so teardown() ends it; a caller's own group outlives the run
 
     @property
     def is_main(self) -> bool:
@@ -75,11 +76,14 @@ def setup(device_name: str) -> tuple[Dist, str]:
     elif device_name == "auto":
         device_name = "cpu"
     backend = "nccl" if use_cuda else "gloo"
-    if not dist.is_initialized():
+    # A script that runs several trainings under one torchrun launch joins the group once, before the first: each run
+    # uses it and leaves it to its owner (a destroyed group cannot be rejoined reliably under the same launch).
+    owns_group = not dist.is_initialized()
+    if owns_group:
         dist.init_process_group(backend=backend, timeout=datetime.timedelta(minutes=10))
-    return Dist(rank, world, local_rank, active=True), device_name
+    return Dist(rank, world, local_rank, active=True, owns_group=owns_group), device_name
 
 
 def teardown(d: Dist) -> None:
-    if d.active and dist.is_initialized():
+    if d.owns_group and dist.is_initialized():
         dist.destroy_process_group()

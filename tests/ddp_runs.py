@@ -1,0 +1,36 @@
+"""Several trainings in one torchrun launch, for tests/test_ddp.py: each rank joins the process group once and runs
+them in turn through the run object `charlm train` uses, so that five one-step comparisons pay for one launch's
+start-up (three interpreters importing torch) instead of five.
+
+    python -m torch.distributed.run --standalone --nproc_per_node=2 tests/ddp_runs.py RUNS.json
+
+RUNS.json: a list of {"config": NAME, "sets": ["key=value", ...], "data": PATH, "out": FOLDER, "steps": N}.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+
+def main(spec: Path) -> None:
+    import torch.distributed as dist
+
+    from charlm.training.run import resolve_run
+
+    dist.init_process_group("gloo")  # each run finds it joined, uses it, and leaves it to this script
+
+    for run in json.loads(spec.read_text(encoding="utf-8")):
+        options = {"data.path": ("--data", run["data"]), "train.max_steps": ("--max-steps", run["steps"])}
+        resolve_run(run["config"], run["sets"], options, run["out"]).run(quiet=True)
+        if not dist.is_initialized():
+            raise SystemExit(f"the run into {run['out']} ended the process group it did not create")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # as `charlm train` leaves under torchrun: gloo's threads can abort an interpreter's shutdown
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))
