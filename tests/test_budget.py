@@ -68,11 +68,12 @@ def test_the_user_keys_win_and_the_header_line_says_what_was_chosen(tmp_path, co
     result = run_cli("train", *args, "--json", check=True)
     header = result.stderr.splitlines()[0]
     assert header.startswith("budget 10m: 558 s of training; for budgets up to 20 min"), header
-    assert "1 layer x 128 wide, 4 heads, dropout 0.2" in header
+    assert "1 layer x 128 wide, 4 heads, dropout 0.2 outside attention" in header
     assert header.endswith("yours kept: model.n_layer=1, train.max_steps=2")
     config = load_config(run / "config.yaml")
     assert (config.model.n_layer, config.model.n_embd, config.model.n_head, config.model.dropout) == (1, 128, 4, 0.2)
     assert (config.train.max_seconds, config.train.max_steps, config.train.lr) == (558, 2, 0.0043)
+    assert config.model.attention_dropout == 0.0  # the fused attention kernel kept: dropout in the residual stream
     assert json.loads(result.stdout)["steps"] == 2
 
 

@@ -84,7 +84,7 @@ def unknown_run(tmp_path_factory) -> Path:
     data = folder / "train.tsv"
     data.write_text("".join(f"{w}\t{w[::-1]}\n" for w in words))
     sets = {"data.unknown_dropout": 0.1, "train.eval_interval": 1000}
-    result = run_cli(*train_cli(data, folder / "run", steps=150, config=["--config", "tiny", *SHAPE], sets=sets))
+    result = run_cli(*train_cli(data, folder / "run", steps=60, config=["--config", "tiny", *SHAPE], sets=sets))
     assert result.returncode == 0, result.stderr
     return folder / "run"
 

@@ -3,7 +3,9 @@
 The rule is one dial, as nanochat has one (its depth sets width, batch and learning rates): the budget sets the depth,
 the depth sets the width (24 per layer, rounded up to whole heads of 32) and the learning rates (AdamW-sized rates
 scaled by 1/sqrt(width), nanochat's rule), and the corpus's size sets the dropout (how many times the run would go
-over its training split). Everything else is configs/cpu.yaml's recipe, which the row for 100 s reproduces exactly.
+over its training split), kept out of the attention weights: there it costs a CPU the fused attention kernel, and at
+10 minutes on tiny-shakespeare the residual stream's alone did better in the same time (docs/benchmarks.md).
+Everything else is configs/cpu.yaml's recipe, which the row for 100 s reproduces exactly.
 
 Where the table comes from is docs/benchmarks.md ("Recipes for a time budget"): the default 4 x 96 recipe is the best
 measured at 100 s, and neither 5 layers nor 128 wide beat it there: a bigger model sees fewer characters in the time.
@@ -135,6 +137,7 @@ def recipe_for(seconds: float, train_chars: int, kept: dict[str, Any] | None = N
         "model.n_embd": width,
         "model.n_head": width // HEAD_SIZE,
         "model.dropout": dropout,
+        "model.attention_dropout": 0.0,
         "train.lr": _sig2(REFERENCE_LR * scale),
         "train.muon_lr": _sig2(REFERENCE_LR * scale),
         "train.head_lr": _sig2(REFERENCE_HEAD_LR * scale),
@@ -189,9 +192,10 @@ class BudgetRequest:
         mine = config.flat()
         yours = "; yours kept: " + ", ".join(f"{k}={mine[k]}" for k in kept) if kept else ""
         layers = f"{m.n_layer} layer{'s' if m.n_layer > 1 else ''}"
+        outside = " outside attention" if m.dropout and m.attention_dropout == 0 else ""
         return (
             f"budget {self.text}: {t.max_seconds:g} s of training; for {limit} (charlm/training/budget.py) "
-            f"{layers} x {m.n_embd} wide, {m.n_head} heads, dropout {m.dropout:g} (~{epochs:.0f} epochs of "
+            f"{layers} x {m.n_embd} wide, {m.n_head} heads, dropout {m.dropout:g}{outside} (~{epochs:.0f} epochs of "
             f"{chars:,} training characters), lr {t.lr:.2g}, evaluations every {t.eval_interval} steps{yours}"
         )
 
