@@ -1,4 +1,5 @@
-"""Attention written out: the explicit path equals the fused kernel, and its weights obey the causal mask exactly."""
+"""Attention written out: the explicit path equals the fused kernel, and its weights obey the causal mask exactly;
+dropout of the attention weights is model.attention_dropout's on every path."""
 
 import json
 
@@ -8,7 +9,7 @@ from conftest import assert_one_line_error, run_cli
 
 from charlm.config.schema import ModelConfig
 from charlm.decoding.generate import generate_ids
-from charlm.models.attention import attention_mask
+from charlm.models.attention import Attention, attention_mask
 from charlm.models.decoder import GPT
 
 V = 11
@@ -116,3 +117,26 @@ def test_attention_command_draws_a_png_and_prints_json(tiny_checkpoint, tmp_path
 def test_attention_command_refuses_what_it_cannot_show(tiny_checkpoint):
     assert_one_line_error(run_cli("attention", tiny_checkpoint, "--layer", "5"), 2, "--layer 5")
     assert_one_line_error(run_cli("attention", tiny_checkpoint, "--prompt", "x" * 40), 2, "context is 16")
+
+
+@pytest.mark.parametrize("kernel", ["fused", "explicit"])
+@pytest.mark.parametrize(
+    "dropout, attention_dropout, drops",
+    [(0.5, None, True), (0.5, 0.0, False), (0.0, 0.5, True), (0.0, None, False)],
+    ids=["null-is-model.dropout", "0-drops-none", "its-own-rate", "none"],
+)
+def test_attention_dropout_drops_the_weights_on_every_path(kernel, dropout, attention_dropout, drops):
+    """In training, attention weights are dropped at model.attention_dropout (null: model.dropout), whatever the
+    residual stream's rate: on the causal path without a mask (the fused kernel's own) and through a mask (padding,
+    cross-attention, ALiBi), fused or written out. Two calls agree exactly when nothing is dropped."""
+    torch.manual_seed(0)
+    keys = dict(n_layer=1, n_head=2, n_embd=16, block_size=8, pos_encoding="learned", attention=kernel)
+    attention = Attention(ModelConfig(**keys, dropout=dropout, attention_dropout=attention_dropout), "causal")
+    attention.resid_dropout = torch.nn.Identity()  # the residual stream's dropout is another layer's business
+    attention.train()
+    x, pos = torch.randn(2, 8, 16), torch.arange(8)
+    q, k, v = (torch.randn(2, 2, 8, 8) for _ in range(3))
+    mask = torch.zeros(8, 8)
+    for run in (lambda: attention(x, pos), lambda: attention.attend(q, k, v, mask)):
+        assert torch.equal(run(), run()) != drops
+    assert torch.equal(attention.eval()(x, pos), attention(x, pos))  # evaluation never drops

@@ -98,3 +98,14 @@ def test_the_python_api_takes_a_budget(tmp_path, corpus):
         160,
         3540,
     )
+
+
+def test_a_dropout_of_the_users_own_keeps_its_reach(tmp_path, corpus):
+    """The rule keeps its own dropout out of attention weights; one the user sets is left to act where it did."""
+    args = ["--budget", "10m", "--data", corpus, "--max-steps", 1, "--set", "model.n_layer=1", "--quiet"]
+    run_cli("train", *args, "--out-dir", tmp_path / "mine", "--set", "model.dropout=0.3", check=True)
+    mine = load_config(tmp_path / "mine" / "config.yaml").model
+    assert (mine.dropout, mine.attention_dropout) == (0.3, None)
+    run_cli("train", *args, "--out-dir", tmp_path / "rule", check=True)
+    rule = load_config(tmp_path / "rule" / "config.yaml").model
+    assert rule.dropout > 0 and rule.attention_dropout == 0.0

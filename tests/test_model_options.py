@@ -124,23 +124,3 @@ def test_each_option_trains_and_info_names_it():
                 for r in info.rows
                 if "QK-norm" in r.component or "zero-init" in r.component or "soft-cap" in r.component
             ), keys
-
-
-@pytest.mark.parametrize("kernel", ["fused", "explicit"])
-def test_attention_dropout_sets_the_weights_dropout_apart_from_the_residual_streams(kernel):
-    """model.attention_dropout: null drops attention weights as model.dropout does; 0 drops none of them (the
-    residual stream's dropout stays), through the fused kernel and the written-out path alike."""
-    from charlm.models.attention import Attention
-
-    torch.manual_seed(0)
-    q, k, v = (torch.randn(2, 2, 8, 8) for _ in range(3))
-    mask = torch.zeros(8, 8)
-    undropped = F.softmax(q @ k.transpose(-1, -2) / 8**0.5, -1) @ v
-    for attention_dropout, drops in ((None, True), (0.0, False), (0.5, True)):
-        config = ModelConfig(**BASE, dropout=0.5, attention=kernel, attention_dropout=attention_dropout)
-        attention = Attention(config, "causal").train()
-        first, second = attention.attend(q, k, v, mask), attention.attend(q, k, v, mask)
-        assert torch.equal(first, second) != drops, attention_dropout
-        if not drops:
-            torch.testing.assert_close(first, undropped)
-        assert attention.resid_dropout.p == 0.5

@@ -165,7 +165,7 @@ def test_a_byte_model_with_learned_positions_jumps_its_window_as_charlm_does(sit
     url, root = site
     config = [*RECIPE, "--set", "model.pos_encoding=learned", "--set", "model.token_shift=false"]
     config += ["--set", "data.tokenizer=byte", "--set", "model.block_size=16"]
-    run_cli(*train_cli(corpus, tmp_path / "run", steps=30, quiet=True, config=config), check=True)
+    run_cli(*train_cli(corpus, tmp_path / "run", steps=60, quiet=True, config=config), check=True)
     run_cli("export", tmp_path / "run", root / "bytes", "--web", "--runtime", root / "page" / "ort", check=True)
     open_page(browser, url + "bytes/index.html")
     assert "byte values" in browser.find_element(webdriver.common.by.By.ID, "model-info").text

@@ -111,8 +111,8 @@ class Attention(nn.Module):
             self.q = Linear(C, C, bias=part_bias(config, "qkv"))
             self.kv = Linear(C, 2 * C, bias=part_bias(config, "qkv"))
         self.proj = ResidualProjection(C, C, bias=part_bias(config, "proj"))
-        # Dropout of the attention weights: SDPA's fused CPU kernel has none, so any turns it into the written-out
-        # path (about 3x the attention's time on a CPU); model.attention_dropout can keep it to the residual stream.
+        # Dropout of the attention weights: SDPA's fused CPU kernel has none, so any sends it to the unfused fallback
+        # (slower, with a mask as large as the scores); model.attention_dropout: 0 keeps dropout to the residual stream.
         self.dropout = config.dropout if config.attention_dropout is None else config.attention_dropout
         self.attn_dropout = nn.Dropout(self.dropout)
         self.resid_dropout = nn.Dropout(config.dropout)

@@ -4,7 +4,8 @@ The rule is one dial, as nanochat has one (its depth sets width, batch and learn
 the depth sets the width (24 per layer, rounded up to whole heads of 32) and the learning rates (AdamW-sized rates
 scaled by 1/sqrt(width), nanochat's rule), and the corpus's size sets the dropout (how many times the run would go
 over its training split), kept out of the attention weights: there it costs a CPU the fused attention kernel, and at
-10 minutes on tiny-shakespeare the residual stream's alone did better in the same time (docs/benchmarks.md).
+10 minutes on tiny-shakespeare the residual stream's alone did better in the same time (docs/benchmarks.md, "Recipes
+for a time budget").
 Everything else is configs/cpu.yaml's recipe, which the row for 100 s reproduces exactly.
 
 Where the table comes from is docs/benchmarks.md ("Recipes for a time budget"): the default 4 x 96 recipe is the best
@@ -137,7 +138,7 @@ def recipe_for(seconds: float, train_chars: int, kept: dict[str, Any] | None = N
         "model.n_embd": width,
         "model.n_head": width // HEAD_SIZE,
         "model.dropout": dropout,
-        "model.attention_dropout": 0.0,
+        "model.attention_dropout": 0.0 if dropout else None,  # None: not set (a config's own, or model.dropout)
         "train.lr": _sig2(REFERENCE_LR * scale),
         "train.muon_lr": _sig2(REFERENCE_LR * scale),
         "train.head_lr": _sig2(REFERENCE_HEAD_LR * scale),
@@ -179,6 +180,8 @@ class BudgetRequest:
         chars = train_characters(base)
         recipe = recipe_for(self.seconds, chars, {k: v for k, v in base.flat().items() if k in self.user_keys})
         chosen = {k: v for k, v in recipe.items() if k not in self.user_keys}
+        if "model.dropout" in self.user_keys:  # a dropout of the user's own keeps its own reach
+            chosen.pop("model.attention_dropout")
         options = {**self.options, **{k: ("--budget", v) for k, v in chosen.items()}}
         config = cfg.load_config(self.config_file or cfg.DEFAULT_CONFIG, self.sets, options)
         say(self.describe(config, chars, sorted(k for k in recipe if k in self.user_keys)))
