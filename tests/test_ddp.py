@@ -42,17 +42,9 @@ TINY = [
 HANG_S = 300
 
 
-def torchrun_args(*args: str, nproc: int = 2) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc_per_node={nproc}",
-        "-m",
-        "charlm",
-        *map(str, args),
-    ]
+def torchrun_args(*args: str, nproc: int = 2, program: tuple[str, ...] = ("-m", "charlm")) -> list[str]:
+    launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
+    return [*launch, *program, *map(str, args)]
 
 
 def same_kernels(requested: str):
@@ -61,10 +53,12 @@ def same_kernels(requested: str):
     return onednn_linears(use_onednn(torch.device("cpu"), requested))
 
 
-def torchrun(*args: str, nproc: int = 2, timeout: float = HANG_S) -> subprocess.CompletedProcess:
+def torchrun(
+    *args: str, nproc: int = 2, timeout: float = HANG_S, program: tuple[str, ...] = ("-m", "charlm")
+) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     return subprocess.run(
-        torchrun_args(*args, nproc=nproc),
+        torchrun_args(*args, nproc=nproc, program=program),
         env=env,
         capture_output=True,
         text=True,
@@ -147,16 +141,7 @@ def one_step_runs(tmp_path_factory, corpus) -> dict[str, tuple[Path, list[str], 
         for name, (data, sets) in runs.items()
     ]
     (tmp / "runs.json").write_text(json.dumps(spec))
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
-    result = subprocess.run(
-        [*launch, str(REPO / "tests" / "ddp_runs.py"), str(tmp / "runs.json")],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=HANG_S,
-        stdin=subprocess.DEVNULL,
-    )
+    result = torchrun(str(tmp / "runs.json"), program=(str(REPO / "tests" / "ddp_runs.py"),))
     assert result.returncode == 0, result.stderr
     return {
         name: (data, sets, load_checkpoint(tmp / name / "ddp" / "last.pt").state["model"])
