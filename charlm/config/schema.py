@@ -172,11 +172,9 @@ class TrainConfig:
         "adamw: AdamW for every parameter; muon: torch.optim.Muon (momentum orthogonalised by Newton-Schulz "
         "steps) for the blocks' weight matrices, AdamW for embeddings, head, norms and biases",
     )
-    lr: float = documented(
-        1e-3, "peak learning rate of AdamW (the schedule's reference: other lrs scale with it)", gt=0.0
-    )
+    lr: float = documented(1e-3, "peak AdamW learning rate (the schedule's reference: other lrs scale with it)", gt=0.0)
     embed_lr: float | None = documented(
-        None, "peak AdamW lr of the token and position embeddings (null = train.lr)", gt=0.0
+        None, "peak AdamW lr of the token and position tables (null = train.lr)", gt=0.0
     )
     head_lr: float | None = documented(None, "peak AdamW lr of an untied output head (null = train.lr)", gt=0.0)
     muon_lr: float = documented(0.02, "peak Muon learning rate (train.optimizer: muon)", gt=0.0)
@@ -216,10 +214,15 @@ class TrainConfig:
         ge=0.0,
         lt=1.0,
     )
-    eval_interval: int = documented(250, "evaluate every this many optimizer steps", ge=1)
-    eval_windows: int = documented(
-        128, "windows scored per split at each periodic evaluation (pairs and lines: lines)", ge=1
+    ema_decay: float = documented(
+        0.0,
+        "an exponential moving average of the weights (0 = off; 0.999 averages about the last 1,000 steps): "
+        "evaluations score it and best.pt holds it; last.pt keeps it beside the training weights for --resume",
+        ge=0.0,
+        lt=1.0,
     )
+    eval_interval: int = documented(250, "evaluate every this many optimizer steps", ge=1)
+    eval_windows: int = documented(128, "windows scored per split at each evaluation (pairs and lines: lines)", ge=1)
     eval_sampling: Literal["fixed", "random"] = documented(
         "fixed",
         "fixed: the same windows at every evaluation (a low-noise signal); random: fresh random windows "
@@ -232,12 +235,8 @@ class TrainConfig:
         "split, so big corpora end quickly (0 = the whole split; `charlm eval` always scores all of it)",
         ge=0,
     )
-    plateau_factor: float = documented(
-        0.5, "ReduceLROnPlateau: multiply the lr by this when validation stalls", gt=0.0, lt=1.0
-    )
-    plateau_patience: int = documented(
-        3, "ReduceLROnPlateau: evaluations without improvement before lowering the lr", ge=0
-    )
+    plateau_factor: float = documented(0.5, "ReduceLROnPlateau: the lr's factor when validation stalls", gt=0.0, lt=1.0)
+    plateau_patience: int = documented(3, "ReduceLROnPlateau: evaluations without a gain before lowering the lr", ge=0)
     early_stop_patience: int = documented(0, "stop after this many evaluations without improvement (0 = never)", ge=0)
     seed: int = documented(1337, "seed for Python, torch and the batch sampler", ge=0)
     device: str = documented("auto", "auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps")

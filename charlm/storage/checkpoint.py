@@ -27,8 +27,10 @@ FORMAT_VERSION = 1
 REQUIRED_KEYS = ("format_version", "config", "vocab", "model", "step")
 RUNS_DIR = Path("runs")  # where `charlm train` puts run folders by default (relative to the working folder)
 # What an exact resume needs beyond the weights and the RunState: {"optimizer", "scheduler" (charlm.training.schedule),
-# "scaler" (the fp16 GradScaler's, or None), "ranks" (every rank's {"rng": ..., "sampler": ...})}.
-RESUME_PARTS = ("optimizer", "scheduler", "scaler", "ranks")
+# "scaler" (the fp16 GradScaler's, or None), "ranks" (every rank's {"rng": ..., "sampler": ...}), "average"
+# (train.ema_decay's weight average, charlm.training.averaging, or None: checkpoints from before it have none)}.
+RESUME_PARTS = ("optimizer", "scheduler", "scaler", "ranks", "average")
+OPTIONAL_PARTS = ("average",)
 
 
 def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
@@ -63,7 +65,8 @@ class Checkpoint:
 
     def resume_state(self) -> tuple[RunState, dict[str, Any]]:
         """The loop's state and the RESUME_PARTS, or one line saying why this checkpoint cannot be resumed."""
-        needed = ("best_val_loss", "world_size", "global_batch", *RESUME_PARTS)
+        parts = [name for name in RESUME_PARTS if name not in OPTIONAL_PARTS]
+        needed = ("best_val_loss", "world_size", "global_batch", *parts)
         missing = [name for name in needed if name not in self.state]
         if missing:
             raise UsageError(
@@ -74,7 +77,7 @@ class Checkpoint:
         except (TypeError, ValueError) as e:
             why = f"lacks a usable training state ({e})"
             raise UsageError(f"checkpoint {self.path} {why}; it cannot be resumed") from None
-        return state, {name: self.state[name] for name in RESUME_PARTS}
+        return state, {name: self.state.get(name) for name in RESUME_PARTS}
 
     def build_model(self, device: torch.device | str = "cpu") -> AnyModel:
         """The model with its weights, refusing weights that do not fit the recorded shapes or are not finite."""

@@ -8,6 +8,7 @@ charlm.cli.signals.StopSignals, or NeverStop from Python). Its state is one RunS
 
 from __future__ import annotations
 
+import contextlib
 import math
 import signal
 import time
@@ -29,6 +30,7 @@ from charlm.progress import TrainReporter
 from charlm.storage.checkpoint import load_checkpoint
 from charlm.storage.run_folder import RunFolder
 from charlm.storage.run_state import RunState, TrainSummary
+from charlm.training.averaging import WeightAverage
 from charlm.training.metrics import MetricsLog
 from charlm.training.optim import make_optimizer
 from charlm.training.schedule import LRSchedule
@@ -91,6 +93,7 @@ class Trainer:
         self.forward = compile_or_warn(self.uncompiled, reporter) if compiled else self.uncompiled
         # oneDNN's float32 kernels for the linear layers: not under autocast, nor in a compiled step (torch's there)
         self.onednn = use_onednn(device, tc.cpu_linear) and self.amp_dtype is None and not compiled
+        self.average = WeightAverage(model, tc.ema_decay) if tc.ema_decay else None
         self.stepper = OptimizerStep(
             config, model, self.uncompiled, self.batches, self.optimizer, self.scaler, device, self.amp_dtype, self.dist
         )
@@ -107,6 +110,8 @@ class Trainer:
             if self.scaler and parts["scaler"]:
                 self.scaler.load_state_dict(parts["scaler"])
             self._load_rank_state(parts["ranks"])
+            if self.average is not None and parts["average"] is not None:  # else it starts from these weights
+                self.average.load_state_dict(parts["average"])
         except (KeyError, ValueError, RuntimeError, TypeError) as e:
             raise UsageError(f"checkpoint {source} lacks a usable training state ({e}); it cannot be resumed") from None
 
@@ -228,6 +233,8 @@ class Trainer:
 
     def _optimizer_step(self) -> torch.Tensor:
         loss_sum, self.step_tokens = self.stepper.step(self.forward, self.state.lr, self.state.step)
+        if self.average is not None:
+            self.average.update()
         return loss_sum
 
     # -- evaluation and checkpoints --------------------------------------------------------
@@ -237,21 +244,25 @@ class Trainer:
         should end the run."""
         t0 = time.perf_counter()
         tc, s = self.config.train, self.state
-        train, val = self.scoring.losses(self.model, s.step)
-        if not (math.isfinite(val) and math.isfinite(train)):  # the last step left non-finite weights: save nothing
-            raise WorkError(
-                f"loss became {val} at step {s.step} (evaluation); training stopped without saving, the last "
-                "checkpoints are untouched (try a lower train.lr or train.grad_clip)"
-            )
-        improved = val < s.best_val_loss
-        s.best_val_loss = min(val, s.best_val_loss)
-        s.evals_since_best = 0 if improved else s.evals_since_best + 1
-        if self.schedule.observe(val, s.step):  # the plateau rule lowered the lr: log the new one
-            s.lr = self.schedule.lr(s.step, time.perf_counter() - self.loop_start)
-        record = self._record(step_loss, train_loss=train, val_loss=val)
-        self.metrics.evaluation(record)
-        if improved:
-            self._save("best.pt")
+        # With train.ema_decay the weight average is what is scored and what best.pt keeps as its model.
+        with self.average.in_model() if self.average is not None else contextlib.nullcontext():
+            train, val = self.scoring.losses(self.model, s.step)
+            if not (
+                math.isfinite(val) and math.isfinite(train)
+            ):  # non-finite weights after the last step: save nothing
+                raise WorkError(
+                    f"loss became {val} at step {s.step} (evaluation); training stopped without saving, the last "
+                    "checkpoints are untouched (try a lower train.lr or train.grad_clip)"
+                )
+            improved = val < s.best_val_loss
+            s.best_val_loss = min(val, s.best_val_loss)
+            s.evals_since_best = 0 if improved else s.evals_since_best + 1
+            if self.schedule.observe(val, s.step):  # the plateau rule lowered the lr: log the new one
+                s.lr = self.schedule.lr(s.step, time.perf_counter() - self.loop_start)
+            record = self._record(step_loss, train_loss=train, val_loss=val)
+            self.metrics.evaluation(record)
+            if improved:
+                self._save("best.pt")
         self._save("last.pt")
         s.eval_s += time.perf_counter() - t0
         self.reporter.evaluation(s.step, train, val, s.lr, s.tokens_per_s, s.elapsed_s, improved)
@@ -265,6 +276,7 @@ class Trainer:
             "scheduler": self.schedule.state_dict(),
             "scaler": self.scaler.state_dict() if self.scaler else None,
             "ranks": ranks,
+            "average": self.average.state_dict() if self.average is not None else None,
         }
         return self.folder.save(name, self.model, self._clock(), parts)
 
