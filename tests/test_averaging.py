@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import torch
-from conftest import assert_resume_is_exact, run_cli, step_losses, train_cli
+from conftest import assert_one_line_error, assert_resume_is_exact, run_cli, step_losses, train_cli
 from torch import nn
 
 from charlm.storage.checkpoint import load_checkpoint, save_checkpoint
@@ -76,3 +76,14 @@ def test_a_checkpoint_from_before_the_average_resumes(tmp_path, corpus):
     resumed = run_cli(*train_cli(out=run, resume=True, steps=20, quiet=True))
     assert resumed.returncode == 0, resumed.stderr
     assert load_checkpoint(run / "last.pt").step == 20
+
+
+def test_a_damaged_average_is_refused_in_one_line_on_resume(tmp_path, corpus):
+    run = tmp_path / "run"
+    run_cli(*train_cli(corpus, run, steps=4, quiet=True, sets={**AVERAGED, "train.eval_interval": 4}), check=True)
+    state = load_checkpoint(run / "last.pt").state
+    name = next(iter(state["average"]["weights"]))
+    state["average"]["weights"][name] = torch.zeros(1)  # broadcasts into any tensor: must not be taken
+    save_checkpoint(run / "last.pt", {k: v for k, v in state.items() if k not in ("format_version", "charlm_version")})
+    resumed = run_cli(*train_cli(out=run, resume=True, steps=8, quiet=True))
+    assert_one_line_error(resumed, 2, "cannot be resumed", f"weight average of {name}")

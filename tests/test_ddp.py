@@ -126,11 +126,12 @@ def pairs_data(folder: Path, given: bool) -> tuple[Path, list[str]]:
 @pytest.fixture(scope="module")
 def one_step_runs(tmp_path_factory, corpus) -> dict[str, tuple[Path, list[str], dict]]:
     """One step of two ranks for each family (and both optimizers), all trained in one torchrun launch
-    (tests/ddp_runs.py): name -> (data, the run's settings on top of the tiny config, the weights it saved)."""
+    (tests/ddp_runs.py): name -> (data, the run's settings on top of the tiny config, the last.pt it saved). The
+    AdamW run keeps a weight average (train.ema_decay): every rank updates its own, and rank 0's is saved."""
     tmp = tmp_path_factory.mktemp("ddp-one-step")
     tiny = [s for s in TINY[2:] if s != "--set"]
     runs = {
-        "adamw": (corpus, one_step_sets(*tiny, "train.optimizer=adamw")),
+        "adamw": (corpus, one_step_sets(*tiny, "train.optimizer=adamw", "train.ema_decay=0.9")),
         "muon": (corpus, one_step_sets(*tiny, "train.optimizer=muon")),
         "encoder": (corpus, one_step_sets(*tiny, "model.arch=encoder")),
         "split": pairs_data(tmp / "split", given=False),
@@ -144,14 +145,14 @@ def one_step_runs(tmp_path_factory, corpus) -> dict[str, tuple[Path, list[str], 
     result = torchrun(str(tmp / "runs.json"), program=(str(REPO / "tests" / "ddp_runs.py"),))
     assert result.returncode == 0, result.stderr
     return {
-        name: (data, sets, load_checkpoint(tmp / name / "ddp" / "last.pt").state["model"])
-        for name, (data, sets) in runs.items()
+        name: (data, sets, load_checkpoint(tmp / name / "ddp" / "last.pt").state) for name, (data, sets) in runs.items()
     }
 
 
 @pytest.mark.parametrize("optimizer", ["adamw", "muon"])
 def test_two_ranks_of_batch_b_equal_one_process_of_batch_2b_after_one_step(one_step_runs, optimizer):
-    corpus, sets, ddp_weights = one_step_runs[optimizer]
+    corpus, sets, saved = one_step_runs[optimizer]
+    ddp_weights = saved["model"]
     # one process, batch 2B: the windows rank 0 and rank 1 drew, the same initial weights, one optimizer step
     config = load_config("tiny", [*sets, f"data.path={corpus}"])
     corpus_ids = Corpus.from_file(corpus, config.data.val_fraction)
@@ -181,6 +182,11 @@ def test_two_ranks_of_batch_b_equal_one_process_of_batch_2b_after_one_step(one_s
     for name, value in single.items():
         assert torch.allclose(value, ddp_weights[name], atol=1e-6, rtol=1e-5), name
     assert not torch.equal(single["tok_emb.weight"], initial["tok_emb.weight"])  # the step did change the weights
+    if saved["average"] is not None:  # after one update the average is 2/11 the initial weights, 9/11 the new ones
+        assert saved["average"]["updates"] == 1
+        for name, value in saved["average"]["weights"].items():
+            expected = initial[name] * 2 / 11 + single[name] * 9 / 11
+            assert torch.allclose(value, expected, atol=1e-6, rtol=1e-5), name
 
 
 def _worker_pids(parent: int) -> dict[int, int]:
@@ -248,7 +254,8 @@ def test_encoder_decoder_two_ranks_of_batch_b_equal_one_process_of_batch_2b(one_
     from charlm.data.pairs import PairBatches, PairCorpus
     from charlm.models.encoder_decoder import EncoderDecoder
 
-    data, sets, ddp_weights = one_step_runs[kind]
+    data, sets, saved = one_step_runs[kind]
+    ddp_weights = saved["model"]
     config = load_config("tiny", sets + [f"data.path={data}"])
     corpus = PairCorpus.from_config(config.data, config.model.block_size)
     seed_everything(config.train.seed)
@@ -276,7 +283,8 @@ def test_encoder_two_ranks_of_batch_b_equal_one_process_of_batch_2b(one_step_run
     from charlm.data.masking import MaskedWindows
     from charlm.models.encoder import EncoderOnly
 
-    corpus, sets, ddp_weights = one_step_runs["encoder"]
+    corpus, sets, saved = one_step_runs["encoder"]
+    ddp_weights = saved["model"]
     config = load_config("tiny", sets + [f"data.path={corpus}"])
     text = Corpus.from_file(corpus, config.data.val_fraction)
     seed_everything(config.train.seed)

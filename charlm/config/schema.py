@@ -235,8 +235,8 @@ class TrainConfig:
         "split, so big corpora end quickly (0 = the whole split; `charlm eval` always scores all of it)",
         ge=0,
     )
-    plateau_factor: float = documented(0.5, "ReduceLROnPlateau: the lr's factor when validation stalls", gt=0.0, lt=1.0)
-    plateau_patience: int = documented(3, "ReduceLROnPlateau: evaluations without a gain before lowering the lr", ge=0)
+    plateau_factor: float = documented(0.5, "ReduceLROnPlateau: multiply the lr by this at a stall", gt=0.0, lt=1.0)
+    plateau_patience: int = documented(3, "ReduceLROnPlateau: evaluations with no new best before the lr drops", ge=0)
     early_stop_patience: int = documented(0, "stop after this many evaluations without improvement (0 = never)", ge=0)
     seed: int = documented(1337, "seed for Python, torch and the batch sampler", ge=0)
     device: str = documented("auto", "auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps")

@@ -2,7 +2,8 @@
 
 A checkpoint is a dict of tensors and plain data: the resolved config, the vocabulary, the model's weights (the
 unwrapped model: no DDP or torch.compile prefixes) and, for `--resume`, the loop's RunState (storage.run_state) saved
-whole beside the RESUME_PARTS: the optimizer's, schedule's and GradScaler's states and every rank's random streams.
+whole beside the RESUME_PARTS: the optimizer's, schedule's and GradScaler's states, every rank's random streams and
+the weight average of train.ema_decay.
 """
 
 from __future__ import annotations

@@ -21,10 +21,10 @@ class WeightAverage:
 
     def __init__(self, model: nn.Module, decay: float):
         self.decay = decay
+        # named_parameters() lists a tied weight (embedding and head) once: it is averaged once
         self.named = [(name, p) for name, p in model.named_parameters() if p.is_floating_point()]
         self.average = [p.detach().clone() for _, p in self.named]
         self.updates = 0
-        self.swapped = False  # True while the average is in the model and the training weights are kept here
 
     def update(self) -> None:
         """Fold the weights of the step just taken in. The first steps count more (decay (1 + n) / (10 + n) until
@@ -37,30 +37,35 @@ class WeightAverage:
     @contextlib.contextmanager
     def in_model(self) -> Iterator[None]:
         """Inside, the model's parameters hold the average (copied in place: the same tensors, so an optimizer, DDP
-        or a compiled graph that holds them is undisturbed); the training weights come back on the way out."""
+        or a compiled graph that holds them is undisturbed); the training weights come back on the way out, however
+        it is left."""
         params: list[torch.Tensor] = [p for _, p in self.named]
         with torch.no_grad():
             training = [p.detach().clone() for p in params]
-            torch._foreach_copy_(params, self.average)
-        self.swapped = True
         try:
+            with torch.no_grad():
+                torch._foreach_copy_(params, self.average)
             yield
         finally:
             with torch.no_grad():
                 torch._foreach_copy_(params, training)
-            self.swapped = False
 
     def state_dict(self) -> dict[str, Any]:
-        current = [p.detach() for _, p in self.named] if self.swapped else self.average
+        """The average as it is (torch.save copies it at once: no clone)."""
         return {
             "updates": self.updates,
-            "weights": {name: t.clone() for (name, _), t in zip(self.named, current, strict=True)},
+            "weights": {name: t for (name, _), t in zip(self.named, self.average, strict=True)},
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Refuses (ValueError, one line) an average that is not this model's, or not finite."""
         weights = state["weights"]
         if set(weights) != {name for name, _ in self.named}:
             raise ValueError("its weight average does not match the model's parameters")
+        for (name, _), mine in zip(self.named, self.average, strict=True):
+            given = weights[name]
+            if not torch.is_tensor(given) or given.shape != mine.shape or not torch.isfinite(given).all():
+                raise ValueError(f"its weight average of {name} is not a finite tensor of shape {tuple(mine.shape)}")
         with torch.no_grad():
             for (name, _), mine in zip(self.named, self.average, strict=True):
                 mine.copy_(weights[name])

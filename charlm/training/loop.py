@@ -110,7 +110,7 @@ class Trainer:
             if self.scaler and parts["scaler"]:
                 self.scaler.load_state_dict(parts["scaler"])
             self._load_rank_state(parts["ranks"])
-            if self.average is not None and parts["average"] is not None:  # else it starts from these weights
+            if self.average is not None:  # train.ema_decay cannot change on resume: the run saved its average
                 self.average.load_state_dict(parts["average"])
         except (KeyError, ValueError, RuntimeError, TypeError) as e:
             raise UsageError(f"checkpoint {source} lacks a usable training state ({e}); it cannot be resumed") from None
@@ -244,12 +244,12 @@ class Trainer:
         should end the run."""
         t0 = time.perf_counter()
         tc, s = self.config.train, self.state
-        # With train.ema_decay the weight average is what is scored and what best.pt keeps as its model.
+        # With train.ema_decay the average is the model the run hands over (best.pt, the final pass), so it is the
+        # one scored and chosen; the training weights go on from where they were.
         with self.average.in_model() if self.average is not None else contextlib.nullcontext():
             train, val = self.scoring.losses(self.model, s.step)
-            if not (
-                math.isfinite(val) and math.isfinite(train)
-            ):  # non-finite weights after the last step: save nothing
+            # non-finite weights after the last step: save nothing
+            if not (math.isfinite(val) and math.isfinite(train)):
                 raise WorkError(
                     f"loss became {val} at step {s.step} (evaluation); training stopped without saving, the last "
                     "checkpoints are untouched (try a lower train.lr or train.grad_clip)"
