@@ -72,7 +72,7 @@ def test_a_checkpoint_from_before_the_average_resumes(tmp_path, corpus):
     run_cli(*train_cli(corpus, run, steps=10, quiet=True, sets={"train.eval_interval": 10}), check=True)
     old = load_checkpoint(run / "last.pt").state
     del old["average"]  # as charlm wrote checkpoints before train.ema_decay
-    save_checkpoint(run / "last.pt", {k: v for k, v in old.items() if k not in ("format_version", "charlm_version")})
+    save_checkpoint(run / "last.pt", old)
     resumed = run_cli(*train_cli(out=run, resume=True, steps=20, quiet=True))
     assert resumed.returncode == 0, resumed.stderr
     assert load_checkpoint(run / "last.pt").step == 20
@@ -84,6 +84,6 @@ def test_a_damaged_average_is_refused_in_one_line_on_resume(tmp_path, corpus):
     state = load_checkpoint(run / "last.pt").state
     name = next(iter(state["average"]["weights"]))
     state["average"]["weights"][name] = torch.zeros(1)  # broadcasts into any tensor: must not be taken
-    save_checkpoint(run / "last.pt", {k: v for k, v in state.items() if k not in ("format_version", "charlm_version")})
+    save_checkpoint(run / "last.pt", state)
     resumed = run_cli(*train_cli(out=run, resume=True, steps=8, quiet=True))
     assert_one_line_error(resumed, 2, "cannot be resumed", f"weight average of {name}")
