@@ -190,3 +190,10 @@ def test_every_lr_schedule_has_its_words_in_the_docs():
 
     values = typing.get_args(typing.get_type_hints(TrainConfig)["lr_schedule"])
     assert set(config_docs.SCHEDULE_WORDS) == set(values)  # a value without words would still document (.get)
+
+
+def test_the_g2p_recipes_hold_out_the_same_words():
+    """configs/g2p-hour.yaml is scored beside configs/g2p.yaml: the same file and sizes (the split's seed is fixed),
+    and the same context, which decides the over-long lines that are left out."""
+    short, hour = load_config("g2p"), load_config("g2p-hour")
+    assert short.data == hour.data and short.model.block_size == hour.model.block_size
