@@ -50,10 +50,10 @@ def test_pipe_mistake_is_one_line_and_exit_code(tiny_checkpoint):
     assert "/temperature takes a number" in result.stderr and "Traceback" not in result.stderr
 
 
-class CtrlCOnItsWayOut(io.StringIO):
-    """A terminal whose first write is followed by a Ctrl-C that Python drops: the KeyboardInterrupt is raised in a
-    finaliser (as it can be in any finaliser or callback from C that runs while a continuation streams), where
-    Python reports it to sys.unraisablehook and goes on."""
+class CtrlCInAFinaliser(io.StringIO):
+    """A terminal whose first write is followed by a Ctrl-C that arrives while a finaliser runs (as it can in any
+    finaliser or callback from C that runs while a continuation streams): an exception raised there would be
+    reported to sys.unraisablehook and dropped."""
 
     def write(self, text: str) -> int:
         written = super().write(text)
@@ -70,7 +70,7 @@ class SendsCtrlCWhenCollected:
             pass
 
 
-def test_a_ctrl_c_dropped_in_a_finaliser_still_stops_the_continuation(tiny_checkpoint, monkeypatch):
+def test_a_ctrl_c_during_a_finaliser_stops_the_continuation_at_the_next_character(tiny_checkpoint, monkeypatch):
     from charlm.api.model import load
     from charlm.cli.repl import _continue
     from charlm.decoding.options import DecodeOptions
@@ -78,11 +78,24 @@ def test_a_ctrl_c_dropped_in_a_finaliser_still_stops_the_continuation(tiny_check
     dropped: list[type] = []
     monkeypatch.setattr(sys, "unraisablehook", lambda unraisable: dropped.append(unraisable.exc_type))
     before = signal.getsignal(signal.SIGINT)
-    out = CtrlCOnItsWayOut()
+    out = CtrlCInAFinaliser()
     _continue(load(tiny_checkpoint), "JULIET:", DecodeOptions(max_new_tokens=100_000), "error", None, out)
-    assert dropped == [KeyboardInterrupt]  # the exception never reached the loop
+    assert dropped == []  # nothing was raised inside the finaliser
     assert out.getvalue().endswith("\n[stopped]\n") and len(out.getvalue()) < 100  # the next character stopped it
     assert signal.getsignal(signal.SIGINT) is before  # the REPL's handler is gone once the continuation ends
+
+
+def test_a_second_ctrl_c_raises_at_once():
+    from charlm.cli.repl import _ctrl_c_recorded
+
+    with pytest.raises(KeyboardInterrupt), _ctrl_c_recorded() as pressed:
+        os.kill(os.getpid(), signal.SIGINT)
+        for _ in range(1000):  # bytecode to run the handler on: the first press is only recorded
+            pass
+        assert pressed == [signal.SIGINT]
+        os.kill(os.getpid(), signal.SIGINT)
+        for _ in range(1_000_000):  # the second raises here
+            pass
 
 
 def test_interactive_refuses_a_prompt_flag(tiny_checkpoint):
@@ -96,7 +109,8 @@ class Terminal:
     def __init__(self, *args: str):
         self.pid, self.fd = pty.fork()
         if self.pid == 0:  # child: the pty is its controlling terminal, so Ctrl-C becomes SIGINT
-            env = {**os.environ, "PYTHONPATH": str(REPO), "TERM": "dumb"}
+            # faulthandler: a REPL that hangs shows where, when the test sends SIGABRT (see _read_while)
+            env = {**os.environ, "PYTHONPATH": str(REPO), "TERM": "dumb", "PYTHONFAULTHANDLER": "1"}
             os.execvpe(sys.executable, [sys.executable, "-m", "charlm", *args], env)
         # A terminal flushes its pending output when Ctrl-C raises SIGINT (unless NOFLSH), after sending the signal:
         # a REPL fast enough to print "[stopped]" and its prompt before that flush would have both discarded, and the
@@ -124,7 +138,8 @@ class Terminal:
         while waiting():
             left = deadline - time.monotonic()
             if left <= 0:
-                raise AssertionError(f"no {what} within {timeout} s; the terminal showed:\n{self.seen[-2000:]}")
+                shown = self.seen[-2000:]
+                raise AssertionError(f"no {what} within {timeout} s; the terminal showed:\n{shown}{self._stacks()}")
             if select.select([self.fd], [], [], left)[0]:
                 try:
                     chunk = os.read(self.fd, 4096)
@@ -133,6 +148,20 @@ class Terminal:
                 if not chunk:
                     raise AssertionError(f"the REPL ended before {what}:\n{self.seen[-2000:]}")
                 self.seen += chunk.decode("utf-8", "replace")
+
+    def _stacks(self) -> str:
+        """What faulthandler prints when the hung REPL gets SIGABRT: every thread's stack."""
+        os.kill(self.pid, signal.SIGABRT)
+        printed, deadline = "", time.monotonic() + 5
+        while time.monotonic() < deadline and select.select([self.fd], [], [], 0.5)[0]:
+            try:
+                chunk = os.read(self.fd, 4096)
+            except OSError:
+                break
+            if not chunk:
+                break
+            printed += chunk.decode("utf-8", "replace")
+        return f"\nthe REPL's stacks on SIGABRT:\n{printed[-6000:]}"
 
     def type(self, text: str) -> None:
         os.write(self.fd, text.encode())

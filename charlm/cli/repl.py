@@ -85,7 +85,7 @@ def _continue(
 
         def stream(text: str) -> None:
             write(text)
-            if pressed:  # a Ctrl-C whose KeyboardInterrupt was swallowed on its way out (see _ctrl_c_recorded)
+            if pressed:  # Ctrl-C was pressed: stop here, in charlm's own frame (see _ctrl_c_recorded)
                 raise KeyboardInterrupt
 
         try:
@@ -97,14 +97,16 @@ def _continue(
 
 @contextlib.contextmanager
 def _ctrl_c_recorded() -> Iterator[list[int]]:
-    """SIGINT raises KeyboardInterrupt as usual and is also recorded in the yielded list: an exception raised while
-    Python runs a finaliser or a callback from C is printed and dropped, and the next streamed character must
-    still stop the continuation."""
+    """SIGINT is recorded in the yielded list, and the streaming callback stops the continuation at the next
+    character. The handler does not raise on the first press: a KeyboardInterrupt raised wherever the main thread
+    happens to be (inside torch's Python code, a finaliser, a callback from C) can be printed and dropped, or leave
+    a half-done step behind. A second press before the next character (a long compile) raises at once."""
     pressed: list[int] = []
 
     def handle(signum: int, frame: object) -> None:
         pressed.append(signum)
-        raise KeyboardInterrupt
+        if len(pressed) > 1:
+            raise KeyboardInterrupt
 
     try:
         previous = signal.signal(signal.SIGINT, handle)
