@@ -88,14 +88,17 @@ def test_a_ctrl_c_during_a_finaliser_stops_the_continuation_at_the_next_characte
 def test_a_second_ctrl_c_raises_at_once():
     from charlm.cli.repl import _ctrl_c_recorded
 
+    before = signal.getsignal(signal.SIGINT)
     with pytest.raises(KeyboardInterrupt), _ctrl_c_recorded() as pressed:
+        assert signal.getsignal(signal.SIGINT) is not before  # the REPL's handler, not Python's
         os.kill(os.getpid(), signal.SIGINT)
-        for _ in range(1000):  # bytecode to run the handler on: the first press is only recorded
+        for _ in range(1000):  # bytecode to run the handler on
             pass
-        assert pressed == [signal.SIGINT]
+        assert pressed == [signal.SIGINT]  # the first press is recorded, not raised
         os.kill(os.getpid(), signal.SIGINT)
         for _ in range(1_000_000):  # the second raises here
             pass
+    assert pressed == [signal.SIGINT, signal.SIGINT] and signal.getsignal(signal.SIGINT) is before
 
 
 def test_interactive_refuses_a_prompt_flag(tiny_checkpoint):
