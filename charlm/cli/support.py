@@ -3,6 +3,7 @@ the entry point that turns each failure into one line on stderr and an exit code
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -171,6 +172,13 @@ def pick_indices(flag: str, chosen: Optional[list[int]], count: int) -> list[int
     return list(dict.fromkeys(chosen)) if chosen else list(range(count))
 
 
+@functools.cache
+def click_command(app: typer.Typer) -> Any:
+    """The click command group typer builds from the app, built once (tens of milliseconds, as it reads every
+    command's signature) for each process that runs the CLI more than once: a notebook, the test suite."""
+    return typer.main.get_command(app)
+
+
 def run_app(app: typer.Typer, argv: list[str] | None = None) -> None:
     """Run the CLI: one clear line on stderr and an exit code for every failure; a traceback only with --debug."""
     from charlm.progress import stderr_console
@@ -178,7 +186,7 @@ def run_app(app: typer.Typer, argv: list[str] | None = None) -> None:
     console = stderr_console()
     signal.signal(signal.SIGTERM, _terminated)  # training installs its own handler; this covers start-up
     try:
-        code = app(args=argv, prog_name="charlm", standalone_mode=False)
+        code = click_command(app)(args=argv, prog_name="charlm", standalone_mode=False)
     except typer.Abort:
         console.print("[red]interrupted[/red]")
         code = 130

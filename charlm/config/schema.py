@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import typing
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,7 +26,7 @@ from charlm.config.sources import (  # noqa: F401  (re-exported: the config API 
     read_yaml_file,
     shipped_config_names,
 )
-from charlm.config.values import coerce, describe_type
+from charlm.config.values import coerce, describe_type, field_types
 from charlm.errors import UsageError
 
 DEFAULT_CONFIG = "cpu"
@@ -328,7 +327,7 @@ def _apply(values: dict[str, dict[str, Any]], s: Setting) -> str | None:
     fields = {f.name: f for f in dataclasses.fields(SECTIONS[section])}
     if key not in fields:
         return f"unknown key '{s.key}' ({s.source}){_suggest(key, list(fields), prefix=section + '.')}"
-    hint = typing.get_type_hints(SECTIONS[section])[key]
+    hint = field_types(SECTIONS[section])[key]
     ok, value = coerce(s.value, hint)
     if not ok:
         return f"{s.key}: expected {describe_type(hint)}, got {s.value!r} ({s.source})"

@@ -3,10 +3,18 @@ charlm.config.schema's validation and the key reference)."""
 
 from __future__ import annotations
 
+import functools
 import math
 import types
 import typing
 from typing import Any, Literal
+
+
+@functools.cache
+def field_types(section: type) -> dict[str, Any]:
+    """A config section's keys and their types, read once: typing.get_type_hints evaluates every annotation of the
+    class each time it is called, and a checkpoint's config sets some 90 keys."""
+    return typing.get_type_hints(section)
 
 
 def coerce(value: Any, hint: Any) -> tuple[bool, Any]:
