@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -291,6 +292,22 @@ def mirror():
     for s in servers:
         s.httpd.shutdown()
         s.httpd.server_close()
+
+
+def freeze(pid: int, timeout: float = 30) -> None:
+    """SIGSTOP a process and wait until it is stopped: kill() returns once the signal is sent, and a process running
+    on the other core can go on for a moment (write a line, finish a step) before it stops."""
+    os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            return  # gone: nothing left to run on
+        if state in ("T", "t", "Z", "X"):
+            return
+        assert time.monotonic() < deadline, f"process {pid} did not stop within {timeout} s (state {state})"
+        time.sleep(0.001)
 
 
 def last_logged_step(run: Path) -> int:

@@ -20,10 +20,16 @@ from charlm.storage.checkpoint import load_checkpoint, save_checkpoint
 from charlm.storage.web_export import CDN
 
 TOLERANCE = 1e-4
-# The default recipe's options (configs/cpu.yaml: RoPE, SwiGLU, token shift, 3 heads) at a width a test trains in
-# seconds; then learned positions and GELU (windows that jump); then ALiBi with the other switches thrown.
-RECIPE = ["--config", "cpu", "--set", "train.max_seconds=0", "--set", "model.n_layer=2", "--set", "model.n_embd=48"]
-RECIPE += ["--set", "model.block_size=24", "--set", "train.eval_interval=10", "--set", "train.eval_windows=8"]
+# The default recipe's options (configs/cpu.yaml: RoPE, SwiGLU, token shift) at the width of the 6 x 384 model
+# (6 heads of 64) whose export scripts/bench_onnx.py times: the width sets how much float error sums up inside each
+# matrix product, the tolerance's test; two layers, as the exporter's time grows with their number. Then learned
+# positions and GELU (windows that jump); then ALiBi with the other switches thrown.
+RECIPE = ["--config", "cpu", "--set", "train.max_seconds=0", "--set", "model.n_layer=2", "--set", "model.n_embd=384"]
+RECIPE += ["--set", "model.n_head=6", "--set", "model.block_size=24"]
+RECIPE += ["--set", "train.eval_windows=8", "--set", "train.eval_interval=10"]
+# AdamW: Muon's orthogonalisation at this width, on batches this small, would be most of the training time, and the
+# optimizer leaves nothing in an export.
+RECIPE += ["--set", "train.optimizer=adamw"]
 LEARNED = [*SMALL, "--set", "model.pos_encoding=learned", "--set", "model.activation=gelu"]
 ALIBI = [*SMALL, "--set", "model.pos_encoding=alibi", "--set", "model.norm=rmsnorm", "--set", "model.qk_norm=true"]
 ALIBI += ["--set", "model.norm_position=post", "--set", "model.logit_softcap=15", "--set", "model.tie_weights=false"]
@@ -56,7 +62,7 @@ def exported_decoder(kind: str, tmp_path_factory, corpus: Path) -> tuple[Path, P
     if kind not in _decoders:
         tmp = tmp_path_factory.mktemp(f"onnx-{kind}")
         config = {"recipe": RECIPE, "learned": LEARNED, "alibi": ALIBI}[kind]
-        ckpt = train(tmp, config, corpus, shift=kind != "learned")
+        ckpt = train(tmp, config, corpus, steps=10 if kind == "recipe" else 30, shift=kind != "learned")
         result = run_cli("export", ckpt, tmp / "onnx", "--format", "onnx", check=True)
         assert "200 greedy characters identical" in result.stderr
         _decoders[kind] = ckpt, tmp / "onnx"
@@ -111,18 +117,6 @@ def test_eval_runs_the_export_through_onnxruntime(decoder, corpus):
     reference = json.loads(run_cli("eval", ckpt, *args, check=True).stdout)
     assert through["runtime"] == "onnxruntime" and reference["runtime"] == "torch"
     assert through["chars"] == reference["chars"] and abs(through["loss"] - reference["loss"]) < 1e-5
-
-
-@pytest.mark.slow
-def test_a_6x384_decoder_exports_within_the_tolerance(tmp_path, corpus):
-    shape = ["--set", "model.n_layer=6", "--set", "model.n_embd=384", "--set", "model.n_head=6"]
-    # a short text to train on and score in the model card: the export and its check are what this test is about
-    text = tmp_path / "text.txt"
-    text.write_text(corpus.read_text(encoding="utf-8")[:20_000], encoding="utf-8")
-    ckpt = train(tmp_path, [*RECIPE, *shape, "--set", "model.block_size=32"], text, steps=1, shift=True)
-    result = run_cli("export", ckpt, tmp_path / "onnx", "--format", "onnx", check=True)
-    check = json.loads((tmp_path / "onnx" / "config.json").read_text())["onnx"]["check"]
-    assert check["max_abs_diff"] <= TOLERANCE and "identical" in result.stderr
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import REPO, last_logged_step, run_cli, train_cli
+from conftest import REPO, freeze, last_logged_step, run_cli, train_cli
 
 from charlm.storage.checkpoint import load_checkpoint
 
@@ -154,7 +154,7 @@ def test_a_signal_during_training_saves_and_exits_with_its_code(tmp_path, corpus
     training.wait_until((run / "metrics.jsonl").exists, "the first evaluation")
     # The signal arrives while the process is stopped after its last logged step N: whatever the machine's speed, the
     # run stops at the next step boundary, N (stopped between two steps) or N + 1 (stopped inside the next one).
-    os.kill(training.proc.pid, signal.SIGSTOP)
+    freeze(training.proc.pid)
     last_logged = last_logged_step(run)
     training.proc.send_signal(signum)
     os.kill(training.proc.pid, signal.SIGCONT)

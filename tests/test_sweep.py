@@ -6,7 +6,6 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -14,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import REPO, assert_one_line_error, run_cli
+from conftest import REPO, assert_one_line_error, freeze, run_cli
 
 from charlm.config.schema import load_config
 
@@ -98,7 +97,7 @@ def test_a_sweep_killed_mid_trial_goes_on_with_the_same_command_counting_each_tr
             assert proc.poll() is None, f"the sweep exited {proc.returncode} before its first evaluation"
             assert time.monotonic() < deadline, "no evaluation of the first trial"
             time.sleep(0.001)
-        os.kill(proc.pid, signal.SIGSTOP)
+        freeze(proc.pid)
         busy = run_cli("sweep", spec, "--out-dir", out)
         assert_one_line_error(busy, 2, f"another charlm sweep (pid {proc.pid}) is running in {out}")
     finally:
