@@ -1,5 +1,5 @@
-"""How a value from YAML or `--set` becomes a typed config value, and how a type is named in messages (for
-charlm.config.schema's validation and the key reference)."""
+"""The types of a config section's keys, how a value from YAML or `--set` becomes one, and how a type is named in
+messages (for charlm.config.schema's validation and the key reference)."""
 
 from __future__ import annotations
 
