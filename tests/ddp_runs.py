@@ -4,7 +4,8 @@ start-up (three interpreters importing torch) instead of five.
 
     python -m torch.distributed.run --standalone --nproc_per_node=2 tests/ddp_runs.py RUNS.json
 
-RUNS.json: a list of {"config": NAME, "sets": ["key=value", ...], "data": PATH, "out": FOLDER, "steps": N}.
+RUNS.json: a list of {"config": NAME, "sets": ["key=value", ...], "data": PATH, "out": FOLDER, "steps": N}, in
+order; with "resume": true a run goes on in its folder as `charlm train --resume` does (config and data: null).
 """
 
 from __future__ import annotations
@@ -23,8 +24,11 @@ def main(spec: Path) -> None:
     dist.init_process_group("gloo")  # each run finds it joined, uses it, and leaves it to this script
 
     for run in json.loads(spec.read_text(encoding="utf-8")):
-        options = {"data.path": ("--data", run["data"]), "train.max_steps": ("--max-steps", run["steps"])}
-        resolve_run(run["config"], run["sets"], options, run["out"]).run(quiet=True)
+        options = {"train.max_steps": ("--max-steps", run["steps"])}
+        if run["data"] is not None:
+            options["data.path"] = ("--data", run["data"])
+        resume = bool(run.get("resume"))
+        resolve_run(run["config"], run["sets"], options, run["out"], resume=resume).run(quiet=True)
         if not dist.is_initialized():
             raise SystemExit(f"the run into {run['out']} ended the process group it did not create")
     sys.stdout.flush()

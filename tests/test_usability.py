@@ -56,10 +56,9 @@ def test_a_terminal_gets_colour_and_a_step_count_and_no_color_turns_colour_off(t
     coloured = run_in_tty(*train_cli(corpus, tmp_path / "a", steps=30))
     assert "\x1b[" in coloured and "done" in coloured
     assert re.search(r"\d+/30 \[", coloured), coloured  # a step-limited run counts steps
+    # every command's console comes from charlm.progress.console, which reads NO_COLOR: training shows it for all
     plain = run_in_tty(*train_cli(corpus, tmp_path / "b", steps=20), env={"NO_COLOR": "1"})
-    assert "\x1b[" not in plain and "done" in plain
-    evaluated = run_in_tty("eval", tmp_path / "b" / "best.pt", env={"NO_COLOR": "1"})
-    assert "\x1b[" not in evaluated and "nats/char" in evaluated
+    assert "\x1b[" not in plain and "done" in plain and "nats/char" in plain
 
 
 @pytest.mark.process
