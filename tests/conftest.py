@@ -364,12 +364,16 @@ LONGEST_FIRST = [
     "test_web_export.py",
     "test_usability.py",
     "test_python_api.py",
-    "test_ensemble.py",
+    "test_compiled_decode.py",
     "test_sweep.py",
     "test_transduction_protocol.py",
-    "test_compiled_decode.py",
-    "test_train.py",
+    "test_ensemble.py",
     "test_serve.py",
+    "test_repl.py",
+    "test_corpora.py",
+    "test_train.py",
+    "test_playground.py",
+    "test_encoder.py",
 ]
 
 
