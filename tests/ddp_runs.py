@@ -1,6 +1,6 @@
 """Several trainings in one torchrun launch, for tests/test_ddp.py: each rank joins the process group once and runs
-them in turn through the run object `charlm train` uses, so that five one-step comparisons pay for one launch's
-start-up (three interpreters importing torch) instead of five.
+them in turn through the run object `charlm train` uses, so that eight trainings (five one-step comparisons, a
+run stopped and resumed, one straight through) pay for one launch's start-up (three interpreters importing torch).
 
     python -m torch.distributed.run --standalone --nproc_per_node=2 tests/ddp_runs.py RUNS.json
 
