@@ -3,6 +3,7 @@ for every position encoding and across window jumps; compiled once per model; mi
 
 from __future__ import annotations
 
+import inspect
 import json
 
 import pytest
@@ -144,3 +145,16 @@ def test_a_platform_that_cannot_compile_is_told_in_one_line():
     ):
         sample(model, tokenizer, [0], DecodeOptions(max_new_tokens=5, seed=0, compile=True))
     assert inductor.fx_graph_cache and inductor.cpp.cxx != ("/nonexistent/c++",)
+
+
+def test_a_torch_before_isolate_recompiles_compiles_without_it():
+    """torch.compile gained isolate_recompiles in 2.13; charlm supports torch >= 2.6, where passing it is a TypeError
+    that would refuse every --compile. The option goes only to a torch.compile that takes it."""
+    from charlm.decoding.compiled import compile_options
+
+    def compile_before_2_13(model=None, *, fullgraph=False, dynamic=None, backend="inductor", mode=None, options=None):
+        return model  # the parameters of torch 2.11's torch.compile, as a signature to read
+
+    assert compile_options(compile_before_2_13) == {}
+    takes_it = "isolate_recompiles" in inspect.signature(torch.compile).parameters
+    assert compile_options(torch.compile) == ({"isolate_recompiles": True} if takes_it else {})

@@ -13,6 +13,7 @@ mask, which rounds differently from attending to the filled slots only, so a see
 from __future__ import annotations
 
 import contextlib
+import inspect
 import threading
 import time
 from collections.abc import Iterator
@@ -41,11 +42,9 @@ class CompiledDecoder:
         self.ids = torch.zeros(batch, 1, dtype=torch.long, device=device)  # fixed input: same strides every step
         self.ready = False  # whether the compiled step has run once (compiling happens then)
         self.busy = False  # held by a decoding loop (compiled_decoder)
-        # isolate_recompiles: torch.compile keeps at most recompile_limit (8) versions of _step per code object,
-        # one per model shape; counted per decoder instead, a notebook that samples from models of many shapes
-        # keeps them all compiled rather than running the ninth uncompiled behind a logged warning.
         compile_: Any = torch.compile  # its typed overloads do not list isolate_recompiles (docs/benchmarks.md)
-        self.compiled: Any = _refusing_in_one_line(lambda: compile_(self._step, dynamic=False, isolate_recompiles=True))
+        options = compile_options(compile_)
+        self.compiled: Any = _refusing_in_one_line(lambda: compile_(self._step, dynamic=False, **options))
 
     def _step(self, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         """What is compiled: claim the position's slot, then every layer. ids (B, 1), pos (1,) -> logits (B, 1, V)."""
@@ -78,6 +77,15 @@ class CompiledDecoder:
         self.step(torch.zeros_like(self.ids))
         self.cache.reset()
         return time.perf_counter() - started
+
+
+def compile_options(compile_: Any) -> dict[str, Any]:
+    """torch.compile's options for a decoding step. isolate_recompiles: torch.compile keeps at most recompile_limit
+    (8) versions of _step per code object, one per model shape; counted per decoder instead, a notebook that samples
+    from models of many shapes keeps them all compiled rather than running the ninth uncompiled behind a logged
+    warning. A torch older than the option (before 2.13) compiles without it: the charlm versions it supports
+    (torch >= 2.6) must not fail on it."""
+    return {"isolate_recompiles": True} if "isolate_recompiles" in inspect.signature(compile_).parameters else {}
 
 
 def _refusing_in_one_line(build: Any) -> Any:
