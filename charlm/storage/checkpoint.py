@@ -35,8 +35,21 @@ OPTIONAL_PARTS = ("average",)
 
 
 def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
-    state = {"format_version": FORMAT_VERSION, "charlm_version": __version__, **state}
+    """Tensors are saved from the CPU whatever device trained them, so a checkpoint written on a GPU opens with a
+    plain torch.load on a machine without one (torch.save copies them to the host either way)."""
+    state = on_cpu({"format_version": FORMAT_VERSION, "charlm_version": __version__, **state})
     atomic_write(path, lambda f: torch.save(state, f))
+
+
+def on_cpu(value: Any) -> Any:
+    """value with every tensor inside its dicts, lists and tuples on the CPU (a CPU tensor is itself, not a copy)."""
+    if isinstance(value, torch.Tensor):
+        return value.cpu()
+    if isinstance(value, dict):
+        return {key: on_cpu(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(on_cpu(item) for item in value)
+    return value
 
 
 def save_training_checkpoint(
