@@ -51,7 +51,8 @@ def sample_(
         typer.Option(help="Nucleus: keep the smallest set of characters reaching probability P (0 <= P <= 1)."),
     ] = None,
     seed: Annotated[
-        Optional[int], typer.Option(help="Same seed and options give the same text on the same device.")
+        Optional[int],
+        typer.Option(help="Same seed and options give the same text, on a GPU too (its draws are the CPU's)."),
     ] = None,
     num_samples: Annotated[int, typer.Option(min=1, max=1024, help="Samples generated together as one batch.")] = 1,
     stop: Annotated[

@@ -165,7 +165,7 @@ def sample(
     on_text: Callable[[str], None] | None = None,
 ) -> SampleResult:
     """Generate num_samples continuations in one batch; on_text streams sample 0's new characters."""
-    choose = seeded_chooser(options, next(model.parameters()).device)
+    choose = seeded_chooser(options)
     model.eval()
     compile_seconds = 0.0
     check_values({"compile": options.compile, "use_cache": options.use_cache})
@@ -182,10 +182,10 @@ def sample(
     return result
 
 
-def seeded_chooser(options: DecodeOptions, device: torch.device) -> ChooseNext:
+def seeded_chooser(options: DecodeOptions) -> ChooseNext:
     """The next ids under these options, drawn from a torch.Generator seeded with options.seed (a fresh seed
     without one)."""
-    generator = torch.Generator(device=device)
+    generator = torch.Generator()  # the CPU's on every device (decoding.sampling)
     generator.manual_seed(options.seed if options.seed is not None else torch.seed())
 
     def choose(logits: torch.Tensor) -> torch.Tensor:

@@ -68,7 +68,7 @@ def sample_items(
     """options.num_samples items drawn together, each from the same prefix; on_text streams item 0's new
     characters. A stop string ends an item just before it, as everywhere else."""
     device = next(model.parameters()).device
-    generator = torch.Generator(device=device)
+    generator = torch.Generator()  # the CPU's on every device (decoding.sampling)
     generator.manual_seed(options.seed if options.seed is not None else torch.seed())
     never = torch.tensor(frame.never, device=device)
 

@@ -81,7 +81,7 @@ def sample_stepped(
     on_text: Callable[[str], None] | None = None,
 ) -> SampleResult:
     """generate.sample through a step: num_samples continuations in one batch, sample 0 streamed to on_text."""
-    choose = seeded_chooser(options, torch.device("cpu"))
+    choose = seeded_chooser(options)
     started = time.perf_counter()
     steps = stepped_ids(step, config, prompt_ids, options.max_new_tokens, options.num_samples, choose)
     return collect_samples(steps, tokenizer, prompt_ids, options, on_text, started)

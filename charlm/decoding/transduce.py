@@ -37,8 +37,7 @@ def transduce(model: Models, sources: list[list[int]], options: DecodeOptions) -
     """The target ids (without BOS/EOS) for every source, in the order given."""
     for m in members(model):
         m.eval()
-    device = next(members(model)[0].parameters()).device
-    generator = torch.Generator(device=device)
+    generator = torch.Generator()  # the CPU's on every device (decoding.sampling)
     generator.manual_seed(options.seed if options.seed is not None else torch.seed())  # no seed: a fresh draw
     results: dict[int, list[int]] = {}
     order = sorted(range(len(sources)), key=lambda i: len(sources[i]))  # similar lengths together: less padding

@@ -158,7 +158,7 @@ class Engine:
         c.tokens = list(c.prompt_ids)
         c.decoder = self.tokenizer.stream_decoder()
         c.stops = StopStrings(c.options.stop)
-        c.generator = torch.Generator(device=self.device)
+        c.generator = torch.Generator()  # the CPU's on every device (decoding.sampling)
         c.generator.manual_seed(c.options.seed if c.options.seed is not None else torch.seed())
         row = len(self.rows)
         self.rows.append(c)
