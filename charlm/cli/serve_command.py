@@ -66,8 +66,8 @@ def serve(
 
         from charlm.serving.http import Served
         from charlm.serving.server import create_app
-    except ImportError:
-        raise UsageError(SERVE_HINT) from None
+    except ImportError as error:  # named: a package of the extra may be there but broken, or one it needs missing
+        raise UsageError(f"{SERVE_HINT} (cannot import {error.name or error})") from None
     from charlm.api.model import load
     from charlm.progress import stderr_console
     from charlm.serving.requests import Limits

@@ -29,6 +29,11 @@ class Dist:
     def is_main(self) -> bool:
         return self.rank == 0
 
+    @property
+    def backend(self) -> str:
+        """The process group's backend (nccl, gloo), or "none" for a single process."""
+        return str(dist.get_backend()) if self.active else "none"
+
     def sum_(self, tensor: torch.Tensor) -> torch.Tensor:
         """In-place sum over ranks (identity for one process)."""
         if self.active:

@@ -332,7 +332,7 @@ def _build(
         reporter.info(f"linear layers: {linear_words(trainer.onednn, config.train.cpu_linear, compiled)}")
     if dist.active:
         reporter.info(
-            f"DDP: {dist.world_size} processes, global batch {trainer.state.global_batch} windows "
+            f"DDP: {dist.world_size} processes ({dist.backend}), global batch {trainer.state.global_batch} windows "
             f"({config.train.batch_size} per rank x {config.train.grad_accum} accumulation)"
         )
     return trainer
