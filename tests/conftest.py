@@ -19,6 +19,10 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+# The suite is the CPU's, as CI runs it: a GPU is hidden from it and from the processes it starts (before torch looks),
+# so that its exact comparisons hold on a machine with one; tests/test_gpu.py shows it again to the charlm it runs.
+os.environ.setdefault("CHARLM_TESTS_HID_CUDA", os.environ.get("CUDA_VISIBLE_DEVICES", "unset"))
+os.environ["CUDA_VISIBLE_DEVICES"] = ""
 # Shipped with the tests (tests/data/README.md): every test can run in a bare clone with no network.
 EXCERPT = REPO / "tests" / "data" / "tinyshakespeare-excerpt.txt"
 EXCERPT_SHA256 = "f5ada1ed6c6cb67cbf283903727d5a33afdcee42c8a38202db8b06f55cc8b2f6"

@@ -71,6 +71,7 @@ def test_two_ranks_train_and_hand_over_to_one_process_and_back(tmp_path, corpus)
     run = tmp_path / "run"
     first = torchrun(*train_cli(corpus, run, steps=20, json=True))  # SMALL: TINY evaluating every 10 steps
     assert first.returncode == 0, first.stderr
+    assert "DDP: 2 processes (gloo)" in first.stderr  # a CPU run's group
     summary = json.loads(first.stdout.strip().splitlines()[-1])
     assert summary["world_size"] == 2 and summary["global_batch"] == 2 * 16
     assert sorted(p.name for p in run.iterdir()) == [
