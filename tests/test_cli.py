@@ -1,6 +1,7 @@
 """The command line as a whole: help, --version, the console script, option and config errors, --debug, --json."""
 
 import json
+import sys
 
 import pytest
 from conftest import assert_one_line_error, run_cli, train_cli
@@ -44,6 +45,14 @@ def test_python_dash_m_and_the_console_script_agree():
 def test_unknown_option_is_one_line_exit_2():
     assert_one_line_error(run_cli("download", "--bogus"), 2, "--bogus")
     assert_one_line_error(run_cli("train", "--max-steps", "many"), 2, "--max-steps")
+
+
+def test_serve_without_its_extra_names_the_package_it_cannot_import(monkeypatch, tmp_path):
+    """A missing uvicorn, as Python reports one (None in sys.modules makes `import uvicorn` fail), before any model is
+    read: the line names the module and the install command."""
+    monkeypatch.setitem(sys.modules, "uvicorn", None)
+    result = run_cli("serve", tmp_path / "model.pt", "--port", "0")
+    assert_one_line_error(result, 2, "cannot import uvicorn", 'pip install -e ".[serve]"')
 
 
 def test_bad_set_names_the_key(tmp_path, corpus):

@@ -1,5 +1,5 @@
 """charlm on a CUDA GPU, where the machine has one (the rest of the suite hides it: tests/conftest.py): a run trains in
-bfloat16 and compiled, its checkpoint opens on a machine without a GPU, it resumes there, evaluation and seeded
+bfloat16 and compiled, its checkpoint opens where no GPU is seen and resumes on the GPU, evaluation and seeded
 sampling agree with the CPU's, the compiled decoding step builds, and a torchrun launch takes NCCL. Skipped, saying
 so, without a GPU (as in CI)."""
 
@@ -55,7 +55,7 @@ def gpu_run(tmp_path_factory, corpus) -> tuple[Path, dict]:
 def test_a_run_trains_on_the_gpu_in_bfloat16_and_compiled(gpu_run):
     _, summary = gpu_run
     assert summary["device"].startswith("cuda")
-    assert summary["precision"] in ("bfloat16", "float16")  # bfloat16 where the GPU has it (asked here it is hidden)
+    assert summary["precision"] in ("bfloat16", "float16")  # float16 on a GPU without bfloat16 (not asked: hidden here)
     assert summary["compile_s"] > 0 and summary["steps"] == 60
     assert summary["full_val_loss"] < 3.5  # learned something: the uniform guess over 61 characters is 4.1
 
@@ -64,8 +64,8 @@ def test_its_checkpoint_opens_without_a_gpu_and_resumes_on_it(gpu_run):
     """This process cannot see the GPU: a checkpoint holding CUDA tensors would not load here without map_location."""
     run, _ = gpu_run
     state = torch.load(run / "last.pt", weights_only=True)
-    tensors = [t for part in ("model", "optimizer") for t in _tensors(state[part])]
-    assert tensors and all(t.device.type == "cpu" for t in tensors)
+    tensors = _tensors(state)  # weights, optimizer, weight average, every rank's random streams
+    assert len(tensors) > 10 and all(t.device.type == "cpu" for t in tensors)
     resumed = json.loads(charlm(*train_cli(out=run, resume=True, steps=80, json=True)).stdout)  # compiled again
     assert resumed["steps"] == 80 and resumed["device"].startswith("cuda")
     assert resumed["full_val_loss"] <= gpu_run[1]["full_val_loss"] + 0.05

@@ -54,6 +54,20 @@ def test_a_save_whose_pickling_fails_leaves_the_previous_checkpoint(tmp_path):
     assert _temp_files(tmp_path) == []
 
 
+def test_a_state_on_the_cpu_is_saved_as_it_is():
+    """on_cpu moves a GPU run's tensors to the host (tests/test_gpu.py checks it there); a CPU run's state, containers
+    and all, goes to torch.save untouched: no copy of the weights, and a state_dict keeps its _metadata."""
+    from collections import OrderedDict
+
+    from charlm.storage.checkpoint import on_cpu
+
+    weights = OrderedDict(w=torch.ones(2, 2))
+    weights._metadata = OrderedDict({"": {"version": 1}})  # as Module.state_dict sets it
+    optimizer = {"state": {0: {"exp_avg": torch.zeros(2, 2)}}, "param_groups": [{"betas": (0.9, 0.99), "params": [0]}]}
+    state = {"model": weights, "optimizer": optimizer, "ranks": [{"rng": torch.get_rng_state()}], "step": 3}
+    assert on_cpu(state) is state
+
+
 def test_a_write_failing_with_enospc_leaves_the_previous_file(tmp_path):
     before = _good_checkpoint(tmp_path / "last.pt")
 

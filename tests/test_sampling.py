@@ -1,8 +1,11 @@
 """The pure next-character function, on hand-made logits."""
 
+from pathlib import Path
+
 import pytest
 import torch
 
+import charlm
 from charlm.decoding.sampling import draw, filter_top_k, filter_top_p, sample_next, sample_rows
 
 LOGITS = torch.tensor([[1.0, 3.0, 2.0, 0.5], [0.0, -1.0, 4.0, 4.5]])
@@ -148,3 +151,21 @@ def test_rows_sharing_a_generator_draw_as_one_batch_does():
 
 def test_a_vanishing_temperature_is_greedy_not_an_overflow():
     assert sample_next(LOGITS, gen(), temperature=1e-40).tolist() == [1, 3]
+
+
+def test_draws_are_the_cpus_whatever_the_default_device_and_every_generator_is_the_cpus():
+    """A seed's draws are the same numbers on every device only while each decoding path makes its generator on the
+    CPU and draw() its noise there: a notebook's default device (torch.set_default_device) leaves them as they were,
+    one generator shared by the rows or one each."""
+    probs = torch.softmax(torch.randn(4, 40, generator=torch.Generator().manual_seed(1)), dim=-1)
+    for generators in ([torch.Generator().manual_seed(5)] * 4, [torch.Generator().manual_seed(s) for s in range(4)]):
+        states = [g.get_state() for g in generators]
+        before = draw(probs, generators)
+        for g, state in zip(generators, states, strict=True):
+            g.set_state(state)
+        with torch.device("meta"):  # where a tensor made without a device would go
+            assert torch.equal(draw(probs, generators), before)
+    package = Path(charlm.__file__).parent
+    on_a_device = [f"{p}:{n}" for p in package.rglob("*.py") for n, line in enumerate(p.read_text().splitlines(), 1)
+                   if "Generator(device" in line]  # fmt: skip
+    assert on_a_device == []

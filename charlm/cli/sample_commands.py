@@ -52,7 +52,7 @@ def sample_(
     ] = None,
     seed: Annotated[
         Optional[int],
-        typer.Option(help="Same seed and options give the same text, on a GPU too (its draws are the CPU's)."),
+        typer.Option(help="Same seed and options give the same text: on a GPU too, unless its logits round apart."),
     ] = None,
     num_samples: Annotated[int, typer.Option(min=1, max=1024, help="Samples generated together as one batch.")] = 1,
     stop: Annotated[

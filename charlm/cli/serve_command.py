@@ -23,7 +23,7 @@ from charlm.cli.support import (
 from charlm.errors import UsageError
 
 API_KEY_ENV = "CHARLM_API_KEY"
-SERVE_HINT = 'charlm serve needs FastAPI and uvicorn: pip install -e ".[serve]" in your charlm checkout'
+SERVE_HINT = 'charlm serve needs FastAPI and uvicorn ({}): pip install -e ".[serve]" in your charlm checkout'
 
 
 def serve(
@@ -67,7 +67,7 @@ def serve(
         from charlm.serving.http import Served
         from charlm.serving.server import create_app
     except ImportError as error:  # named: a package of the extra may be there but broken, or one it needs missing
-        raise UsageError(f"{SERVE_HINT} (cannot import {error.name or error})") from None
+        raise UsageError(SERVE_HINT.format(f"cannot import {error.name or error}")) from error
     from charlm.api.model import load
     from charlm.progress import stderr_console
     from charlm.serving.requests import Limits

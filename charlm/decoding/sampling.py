@@ -1,7 +1,8 @@
 """Choosing the next character: a pure function of logits, the options and a seeded torch.Generator.
 
 Generators are the CPU's on every device (torch.Generator()): the draws a seed makes are the same numbers on a CPU,
-on a GPU, in onnxruntime and in the web page, so a seed's text differs between devices only where their logits do.
+on a GPU and through an ONNX export in charlm, so a seed's text differs between devices only where their logits round
+differently. (The web page draws from its own generator: torch's cannot be reproduced in JavaScript.)
 """
 
 from __future__ import annotations
@@ -90,7 +91,8 @@ def draw(probs: torch.Tensor, generators: Sequence[torch.Generator | None]) -> t
     without its checks of the probabilities (each a host round trip); probs here always come from a softmax. Rows that
     share a generator take their draws from it together, in row order, exactly as one (B, V) draw would.
     """
-    q = torch.empty(probs.shape)  # (B, V) on the CPU whatever the model's device: a seed draws the same q everywhere
+    # (B, V) on the CPU whatever the model's device (and torch's default device and dtype): a seed draws the same q
+    q = torch.empty(probs.shape, dtype=torch.float32, device="cpu")
     rows_of: dict[int, list[int]] = {}
     for row, generator in enumerate(generators):
         rows_of.setdefault(id(generator), []).append(row)
@@ -98,7 +100,7 @@ def draw(probs: torch.Tensor, generators: Sequence[torch.Generator | None]) -> t
         q.exponential_(1.0, generator=generators[0])
     else:
         for rows in rows_of.values():
-            q[torch.tensor(rows)] = torch.empty(len(rows), probs.size(-1)).exponential_(
+            q[torch.tensor(rows, device="cpu")] = torch.empty(len(rows), probs.size(-1), device="cpu").exponential_(
                 1.0, generator=generators[rows[0]]
             )
     return (probs / q.to(probs.device)).argmax(dim=-1)

@@ -8,6 +8,7 @@ the weight average of train.ema_decay.
 
 from __future__ import annotations
 
+import copy
 import pickle
 import zipfile
 from dataclasses import dataclass
@@ -41,14 +42,31 @@ def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
     atomic_write(path, lambda f: torch.save(state, f))
 
 
-def on_cpu(value: Any) -> Any:
-    """value with every tensor inside its dicts, lists and tuples on the CPU (a CPU tensor is itself, not a copy)."""
+def on_cpu(value: Any, copies: dict[tuple, torch.Tensor] | None = None) -> Any:
+    """value with every tensor inside its dicts, lists and tuples on the CPU. What is on the CPU already is returned
+    as it is (a CPU run's state is saved untouched); a container with a moved tensor is copied shallowly, keeping its
+    type (a state_dict's OrderedDict keeps its _metadata); views of one GPU tensor (a tied embedding and head) stay one
+    CPU tensor, so torch.save stores it once."""
+    copies = {} if copies is None else copies
     if isinstance(value, torch.Tensor):
-        return value.cpu()
+        if value.device.type == "cpu":
+            return value
+        key = (value.untyped_storage().data_ptr(), value.storage_offset(), value.shape, value.stride(), value.dtype)
+        if key not in copies:
+            copies[key] = value.cpu()
+        return copies[key]
     if isinstance(value, dict):
-        return {key: on_cpu(item) for key, item in value.items()}
+        moved = {key: on_cpu(item, copies) for key, item in value.items()}
+        if all(moved[key] is item for key, item in value.items()):
+            return value
+        result = copy.copy(value)
+        result.update(moved)
+        return result
     if isinstance(value, (list, tuple)):
-        return type(value)(on_cpu(item) for item in value)
+        items = [on_cpu(item, copies) for item in value]
+        if all(new is old for new, old in zip(items, value, strict=True)):
+            return value
+        return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
     return value
 
 
