@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import http.server
+import importlib.util
 import io
 import json
 import os
@@ -379,6 +380,36 @@ LONGEST_FIRST = [
     "test_playground.py",
     "test_encoder.py",
 ]
+
+
+# Modules that pay the same one-time cost in a worker run in one worker: torch.onnx's exporter, and torch.compile's
+# first compilation in a process, take seconds to warm up.
+SAME_WORKER = {
+    "tests/test_web_export.py": "tests/test_onnx.py",
+    "tests/test_python_api.py": "tests/test_compiled_decode.py",  # its documented examples compile a decoder
+    "tests/test_train.py": "tests/test_compiled_decode.py",  # train.compile=true
+}
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """pytest-xdist's --dist loadscope (whole modules to a worker), with the modules of SAME_WORKER as one unit."""
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SharedWarmUps(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            scope = super()._split_scope(nodeid)
+            return SAME_WORKER.get(scope, scope)
+
+    return SharedWarmUps(config, log)
+
+
+def skip_without(module: str, reason: str) -> pytest.MarkDecorator:
+    """Skip a test module where `module` is not installed, found without importing it: collecting every module in
+    every worker then costs no one the import of a package only some tests use."""
+    return pytest.mark.skipif(importlib.util.find_spec(module) is None, reason=reason)
 
 
 def pytest_collection_modifyitems(items: list) -> None:

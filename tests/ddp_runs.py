@@ -1,11 +1,14 @@
 """Several trainings in one torchrun launch, for tests/test_ddp.py: each rank joins the process group once and runs
-them in turn through the run object `charlm train` uses, so that eight trainings (five one-step comparisons, a
-run stopped and resumed, one straight through) pay for one launch's start-up (three interpreters importing torch).
+them in turn through the run object `charlm train` uses, so that nine trainings (five one-step comparisons, a run
+stopped and resumed, one straight through, and `charlm train` itself) pay for one launch's start-up (three
+interpreters importing torch).
 
     python -m torch.distributed.run --standalone --nproc_per_node=2 tests/ddp_runs.py RUNS.json
 
 RUNS.json: a list of {"config": NAME, "sets": ["key=value", ...], "data": PATH, "out": FOLDER, "steps": N}, in
-order; with "resume": true a run goes on in its folder as `charlm train --resume` does (config and data: null).
+order; with "resume": true a run goes on in its folder as `charlm train --resume` does (config and data: null). The
+last may be {"cli": [ARG, ...]}: `charlm ARG...` through the console script's entry point, whose output is the
+launch's and whose exit (under torchrun it leaves at once, as `charlm train` does) ends each rank.
 """
 
 from __future__ import annotations
@@ -24,6 +27,10 @@ def main(spec: Path) -> None:
     dist.init_process_group("gloo")  # each run finds it joined, uses it, and leaves it to this script
 
     for run in json.loads(spec.read_text(encoding="utf-8")):
+        if "cli" in run:
+            from charlm.cli.app import main as charlm
+
+            charlm(run["cli"])  # exits
         options = {"train.max_steps": ("--max-steps", run["steps"])}
         if run["data"] is not None:
             options["data.path"] = ("--data", run["data"])

@@ -67,9 +67,8 @@ def torchrun(
     )
 
 
-def test_two_ranks_train_and_hand_over_to_one_process_and_back(tmp_path, corpus):
-    run = tmp_path / "run"
-    first = torchrun(*train_cli(corpus, run, steps=20, json=True))  # SMALL: TINY evaluating every 10 steps
+def test_two_ranks_train_and_hand_over_to_one_process_and_back(one_step_runs):
+    run, first = one_step_runs["cli"]  # `charlm train` under two ranks (the launch's last run)
     assert first.returncode == 0, first.stderr
     assert "DDP: 2 processes (gloo)" in first.stderr  # a CPU run's group
     summary = json.loads(first.stdout.strip().splitlines()[-1])
@@ -94,10 +93,11 @@ def test_two_ranks_train_and_hand_over_to_one_process_and_back(tmp_path, corpus)
     assert json.loads(single.stdout)["steps"] == 24 and "world size changed from 2 to 1" in single.stderr
     assert load_checkpoint(run / "last.pt").state["world_size"] == 1
 
-    # and the single process's checkpoint resumes under torchrun
+    # and the single process's checkpoint resumes under torchrun, `python -m charlm` in each rank
     again = torchrun(*train_cli(out=run, resume=True, steps=28, json=True))
     assert again.returncode == 0, again.stderr
-    assert "world size changed from 1 to 2" in again.stderr
+    assert "world size changed from 1 to 2" in again.stderr and "DDP: 2 processes (gloo)" in again.stderr
+    assert again.stdout.count('"best_val_loss"') == 1 and json.loads(again.stdout.splitlines()[-1])["steps"] == 28
     saved = load_checkpoint(run / "last.pt")
     assert saved.step == 28 and saved.state["world_size"] == 2 and len(saved.state["ranks"]) == 2
 
@@ -122,11 +122,12 @@ def pairs_data(folder: Path, given: bool) -> tuple[Path, list[str]]:
 
 
 @pytest.fixture(scope="module")
-def one_step_runs(tmp_path_factory, corpus) -> dict[str, tuple[Path, list[str], dict]]:
-    """One step of two ranks for each family (and both optimizers), and a run resumed beside one that was not, all
-    trained in one torchrun launch (tests/ddp_runs.py): name -> (data, the run's settings on top of the tiny config,
-    the last.pt it saved). The AdamW run keeps a weight average (train.ema_decay): every rank updates its own, and
-    rank 0's is saved."""
+def one_step_runs(tmp_path_factory, corpus) -> dict[str, tuple]:
+    """One step of two ranks for each family (and both optimizers), a run resumed beside one that was not, and last
+    `charlm train` itself (SMALL, 20 steps), all trained in one torchrun launch (tests/ddp_runs.py): name -> (data,
+    the run's settings on top of the tiny config, the last.pt it saved), and "cli" -> (its run folder, the launch's
+    result). The AdamW run keeps a weight average (train.ema_decay): every rank updates its own, and rank 0's is
+    saved."""
     tmp = tmp_path_factory.mktemp("ddp-one-step")
     tiny = [s for s in TINY[2:] if s != "--set"]
     runs = {
@@ -145,6 +146,8 @@ def one_step_runs(tmp_path_factory, corpus) -> dict[str, tuple[Path, list[str], 
     for name, steps in (("straight", 6), ("resumed", 3)):
         spec.append({"config": "tiny", "sets": resumable, "data": str(corpus), "out": str(tmp / name), "steps": steps})
     spec.append({"config": None, "sets": [], "data": None, "out": str(tmp / "resumed"), "steps": 6, "resume": True})
+    # SMALL, which evaluates every 10 steps (TINY: never in 20)
+    spec.append({"cli": [str(a) for a in train_cli(corpus, tmp / "cli", steps=20, json=True)]})
     (tmp / "runs.json").write_text(json.dumps(spec))
     result = torchrun(str(tmp / "runs.json"), program=(str(REPO / "tests" / "ddp_runs.py"),))
     assert result.returncode == 0, result.stderr
@@ -154,7 +157,7 @@ def one_step_runs(tmp_path_factory, corpus) -> dict[str, tuple[Path, list[str], 
     resumed = {
         name: (corpus, resumable, load_checkpoint(tmp / name / "last.pt").state) for name in ("straight", "resumed")
     }
-    return {**one_step, **resumed}
+    return {**one_step, **resumed, "cli": (tmp / "cli", result)}
 
 
 def test_two_ranks_resume_their_own_checkpoint_exactly(one_step_runs):

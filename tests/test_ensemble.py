@@ -23,7 +23,7 @@ from charlm.models.encoder_decoder import EncoderDecoder
 def runs(tmp_path_factory) -> tuple[Path, Path, Path]:
     """Reversal pairs, and two models trained on them from different seeds (not fully trained: they disagree)."""
     tmp = tmp_path_factory.mktemp("ensemble")
-    data = reversal_file(tmp / "reverse.tsv", lines=2000)
+    data = reversal_file(tmp / "reverse.tsv", lines=1000)
     adamw = ["train.optimizer=adamw", "train.lr=3e-3"]  # Muon's orthogonalisations would be most of the time here
     for seed in (1, 2):
         run_cli(

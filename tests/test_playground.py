@@ -13,12 +13,14 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import skip_without
 from serve_helpers import ServerProcess
 
-pytestmark = pytest.mark.process  # a real browser against a real `charlm serve` process
-
-pytest.importorskip("fastapi", reason="charlm serve needs the serve extra: pip install -e '.[test]'")
-webdriver = pytest.importorskip("selenium.webdriver", reason="the browser test drives Chromium with selenium")
+pytestmark = [
+    pytest.mark.process,  # a real browser against a real `charlm serve` process
+    skip_without("fastapi", reason="charlm serve needs the serve extra: pip install -e '.[test]'"),
+    skip_without("selenium", reason="the browser test drives Chromium with selenium"),
+]
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 DRIVER = shutil.which("chromedriver")
@@ -39,6 +41,7 @@ def server(tiny_checkpoint):
 
 @pytest.fixture(scope="module")
 def browser():
+    from selenium import webdriver
     from selenium.webdriver.chrome.options import Options
     from selenium.webdriver.chrome.service import Service
 
@@ -78,7 +81,8 @@ def screenshot(driver, name: str) -> None:
 
 
 def test_generate_streams_the_continuation_into_the_page(server, browser):
-    by = webdriver.common.by.By
+    from selenium.webdriver.common.by import By as by
+
     browser.get(server.url + "/")
     wait_for(lambda: "layers" in browser.find_element(by.ID, "model-info").text, what="the model's description")
     prompt = browser.find_element(by.ID, "prompt")
@@ -105,7 +109,8 @@ def test_generate_streams_the_continuation_into_the_page(server, browser):
 
 
 def test_a_refused_prompt_shows_the_servers_message(server, browser):
-    by = webdriver.common.by.By
+    from selenium.webdriver.common.by import By as by
+
     browser.find_element(by.ID, "tab-generate").click()
     prompt = browser.find_element(by.ID, "prompt")
     prompt.clear()
@@ -117,7 +122,8 @@ def test_a_refused_prompt_shows_the_servers_message(server, browser):
 
 
 def test_score_view_colours_every_character(server, browser):
-    by = webdriver.common.by.By
+    from selenium.webdriver.common.by import By as by
+
     browser.find_element(by.ID, "tab-score").click()
     field = browser.find_element(by.ID, "score-text")
     assert field.is_displayed()
@@ -136,7 +142,8 @@ def test_score_view_colours_every_character(server, browser):
 
 
 def test_attention_view_draws_a_map_per_layer_and_head(server, browser):
-    by = webdriver.common.by.By
+    from selenium.webdriver.common.by import By as by
+
     browser.find_element(by.ID, "tab-attention").click()
     browser.find_element(by.ID, "attention").click()
     status = browser.find_element(by.ID, "attention-status")

@@ -8,13 +8,15 @@ import json
 import threading
 
 import pytest
-from conftest import run_cli
+from conftest import run_cli, skip_without
 from serve_helpers import ServerProcess
 
 import charlm
 
-pytestmark = pytest.mark.process  # a live `charlm serve` process on loopback
-pytest.importorskip("fastapi", reason="charlm serve needs the serve extra: pip install -e '.[test]'")
+pytestmark = [
+    pytest.mark.process,  # a live `charlm serve` process on loopback
+    skip_without("fastapi", reason="charlm serve needs the serve extra: pip install -e '.[test]'"),
+]
 
 PROMPT = "ROMEO:"
 SETTINGS = {"temperature": 0.8, "top_k": 20, "top_p": 0.9, "seed": 5, "max_new_tokens": 80}

@@ -10,13 +10,21 @@ import socket
 import threading
 
 import pytest
-from conftest import assert_one_line_error, run_cli
+from conftest import assert_one_line_error, run_cli, skip_without
 from serve_helpers import ServerProcess
 
-pytestmark = pytest.mark.process  # every test here talks to a real `charlm serve` process over loopback HTTP
+pytestmark = [
+    pytest.mark.process,  # every test here talks to a real `charlm serve` process over loopback HTTP
+    skip_without("openai", reason="the server tests use the openai client: pip install -e '.[test]'"),
+    skip_without("fastapi", reason="charlm serve needs the serve extra: pip install -e '.[test]'"),
+]
 
-openai = pytest.importorskip("openai", reason="the server tests use the openai client: pip install -e '.[test]'")
-pytest.importorskip("fastapi", reason="charlm serve needs the serve extra: pip install -e '.[test]'")
+
+def openai_client(url: str, api_key: str):
+    """The openai package's client of a charlm server (imported here, where a test uses it)."""
+    import openai
+
+    return openai.OpenAI(base_url=url, api_key=api_key, max_retries=0)
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +38,7 @@ def server(tiny_checkpoint):
 
 @pytest.fixture(scope="module")
 def client(server):
-    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0)
+    return openai_client(f"{server.url}/v1", "x")
 
 
 def test_openai_client_gets_exactly_max_tokens_characters(client):
@@ -251,7 +259,7 @@ def test_api_key_required_except_for_health_and_the_page(small_server):
     assert small_server.request("GET", "/health")[0] == 200
     assert small_server.request("GET", "/")[0] == 200
     assert small_server.request("POST", "/v1/completions", GOOD, KEY)[0] == 200
-    client = openai.OpenAI(base_url=f"http://127.0.0.1:{small_server.port}/v1", api_key="sesame", max_retries=0)
+    client = openai_client(f"http://127.0.0.1:{small_server.port}/v1", "sesame")
     assert len(client.completions.create(model="charlm", prompt="a", max_tokens=3).choices[0].text) == 3
 
 
@@ -277,7 +285,7 @@ def test_full_queue_is_429_and_a_vanished_client_frees_its_row(small_server):
             break
         threading.Event().wait(0.05)
     assert load["running"] == 0 and load["queued"] == 0
-    client = openai.OpenAI(base_url=f"http://127.0.0.1:{small_server.port}/v1", api_key="sesame", max_retries=0)
+    client = openai_client(f"http://127.0.0.1:{small_server.port}/v1", "sesame")
     assert len(client.completions.create(model="charlm", prompt="a", max_tokens=30).choices[0].text) == 30
 
 
@@ -287,7 +295,7 @@ def test_concurrent_streams_all_complete_after_one_is_killed(server):
     results: list[str] = []
 
     def one() -> None:
-        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0)
+        client = openai_client(f"{server.url}/v1", "x")
         stream = client.completions.create(model="charlm", prompt="JULIET:", max_tokens=60, stream=True)
         results.append("".join(c.choices[0].text for c in stream if c.choices))
 

@@ -186,15 +186,13 @@ def test_a_folder_that_is_no_sweep_is_not_swept_into(tmp_path, corpus):
     assert_one_line_error(run_cli("sweep", spec, "--out-dir", tmp_path / "busy"), 2, "not a sweep", "--out-dir")
 
 
-@pytest.mark.process
-def test_without_optuna_the_sweep_names_the_extra_to_install(tmp_path, corpus):
-    """Optuna made unimportable (a stand-in package that raises ImportError, first on the path)."""
-    stand_in = tmp_path / "site" / "optuna"
-    stand_in.mkdir(parents=True)
-    (stand_in / "__init__.py").write_text("raise ImportError('No module named optuna')\n")
+def test_without_optuna_the_sweep_names_the_extra_to_install(tmp_path, corpus, monkeypatch):
+    """Optuna made unimportable (None in sys.modules: `import optuna` raises ImportError, as where it is missing)."""
+    for name in [m for m in sys.modules if m == "optuna" or m.startswith("optuna.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "optuna", None)
     spec = write_spec(tmp_path, corpus, {"model.n_head": {"choices": [1, 2]}}, trials=1)
-    env = {"PYTHONPATH": f"{tmp_path / 'site'}{os.pathsep}{REPO}"}
-    result = run_cli("sweep", spec, "--out-dir", tmp_path / "sweep", process=True, env=env)
+    result = run_cli("sweep", spec, "--out-dir", tmp_path / "sweep")
     assert_one_line_error(result, 2, 'pip install -e ".[sweep]"')
     assert not (tmp_path / "sweep").exists()
 

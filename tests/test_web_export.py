@@ -20,12 +20,13 @@ from pathlib import Path
 from typing import ClassVar
 
 import pytest
-from conftest import run_cli, train_cli
+from conftest import run_cli, skip_without, train_cli
 
-pytestmark = pytest.mark.process  # a real browser, a real server and npm
-
-pytest.importorskip("onnxruntime", reason="ONNX exports need the onnx extra: pip install -e '.[test]'")
-webdriver = pytest.importorskip("selenium.webdriver", reason="the browser test drives Chromium with selenium")
+pytestmark = [
+    pytest.mark.process,  # a real browser, a real server and npm
+    skip_without("onnxruntime", reason="ONNX exports need the onnx extra: pip install -e '.[test]'"),
+    skip_without("selenium", reason="the browser test drives Chromium with selenium"),
+]
 
 from charlm.storage.web_export import CDN, ORT_WEB_VERSION, RUNTIME_FILES, write_page  # noqa: E402
 
@@ -102,6 +103,7 @@ class QuietHandler(http.server.SimpleHTTPRequestHandler):
 
 @pytest.fixture(scope="module")
 def browser():
+    from selenium import webdriver
     from selenium.webdriver.chrome.options import Options
     from selenium.webdriver.chrome.service import Service
 
@@ -121,7 +123,8 @@ def status(browser) -> str:
 
 def generate(browser, prompt: str, length: int, **settings: object) -> str:
     """Type a prompt, set the controls, press Generate; the continuation once it has finished."""
-    by = webdriver.common.by.By
+    from selenium.webdriver.common.by import By as by
+
     field = browser.find_element(by.ID, "prompt")
     field.clear()
     field.send_keys(prompt)
@@ -168,7 +171,7 @@ def test_a_byte_model_with_learned_positions_jumps_its_window_as_charlm_does(sit
     run_cli(*train_cli(corpus, tmp_path / "run", steps=60, quiet=True, config=config), check=True)
     run_cli("export", tmp_path / "run", root / "bytes", "--web", "--runtime", root / "page" / "ort", check=True)
     open_page(browser, url + "bytes/index.html")
-    assert "byte values" in browser.find_element(webdriver.common.by.By.ID, "model-info").text
+    assert "byte values" in browser.find_element("id", "model-info").text
     text = generate(browser, PROMPT, 200, temperature=0)
     reference = run_cli("sample", tmp_path / "run", "--prompt", PROMPT, "--temperature", "0", "--max-new-tokens",
                         "200", "--json", check=True)  # fmt: skip
@@ -195,7 +198,7 @@ def test_a_page_without_its_model_says_so_in_one_line(site, browser):
     open_page(browser, url + "broken/index.html")
     assert "error" in _classes(browser)
     assert "model.onnx is missing" in status(browser) and "\n" not in status(browser)
-    assert not browser.find_element(webdriver.common.by.By.ID, "generate").is_enabled()
+    assert not browser.find_element("id", "generate").is_enabled()
 
 
 def test_the_page_names_a_pinned_public_runtime_unless_one_is_bundled(site, tmp_path):
