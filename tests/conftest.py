@@ -360,7 +360,8 @@ def with_token_shift_weights(model, seed: int = 0):
 
 # The modules with the most test time, longest first (python -m pytest --durations=0 on a 2-core CPU): pytest-xdist
 # hands each worker whole modules in collection order, and a long one handed out last keeps one worker busy while
-# the other has nothing left. The rest follow in file order.
+# the other has nothing left. The rest follow in file order. Modules of SAME_WORKER (below) go out as one unit, at the
+# place of the first of them.
 LONGEST_FIRST = [
     "test_onnx.py",
     "test_ddp.py",

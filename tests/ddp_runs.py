@@ -31,6 +31,7 @@ def main(spec: Path) -> None:
             from charlm.cli.app import main as charlm
 
             charlm(run["cli"])  # exits
+            raise SystemExit("charlm returned instead of leaving the process: the runs after it did not run")
         options = {"train.max_steps": ("--max-steps", run["steps"])}
         if run["data"] is not None:
             options["data.path"] = ("--data", run["data"])

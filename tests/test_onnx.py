@@ -24,9 +24,9 @@ pytestmark = [
 TOLERANCE = 1e-4
 # The default recipe's options (configs/cpu.yaml: RoPE, SwiGLU, token shift) at the width of the 6 x 384 model
 # (6 heads of 64) whose export scripts/bench_onnx.py times: the width sets how much float error sums up inside each
-# matrix product, the tolerance's test; one layer, as the exporter's time grows with their number (the export's own
-# check runs the two layers of tests/test_web_export.py's model through onnxruntime). Then learned positions and GELU
-# (windows that jump); then ALiBi with the other switches thrown.
+# matrix product, the tolerance's test; one layer, as the exporter's time grows with their number. Then learned
+# positions and GELU (windows that jump); then ALiBi with the other switches thrown, in two layers (each layer's
+# cache in and out of the stepped graph).
 RECIPE = ["--config", "cpu", "--set", "train.max_seconds=0", "--set", "model.n_layer=1", "--set", "model.n_embd=384"]
 RECIPE += ["--set", "model.n_head=6", "--set", "model.block_size=24"]
 RECIPE += ["--set", "train.eval_windows=8", "--set", "train.eval_interval=10"]
@@ -36,7 +36,7 @@ RECIPE += ["--set", "train.optimizer=adamw"]
 LEARNED = [*SMALL, "--set", "model.pos_encoding=learned", "--set", "model.activation=gelu"]
 ALIBI = [*SMALL, "--set", "model.pos_encoding=alibi", "--set", "model.norm=rmsnorm", "--set", "model.qk_norm=true"]
 ALIBI += ["--set", "model.norm_position=post", "--set", "model.logit_softcap=15", "--set", "model.tie_weights=false"]
-ALIBI += ["--set", "model.token_shift=true", "--set", "model.n_head=4"]
+ALIBI += ["--set", "model.token_shift=true", "--set", "model.n_head=4", "--set", "model.n_layer=2"]
 
 
 def shifted_checkpoint(run: Path) -> Path:

@@ -187,8 +187,9 @@ def test_a_folder_that_is_no_sweep_is_not_swept_into(tmp_path, corpus):
 
 
 def test_without_optuna_the_sweep_names_the_extra_to_install(tmp_path, corpus, monkeypatch):
-    """Optuna made unimportable (None in sys.modules: `import optuna` raises ImportError, as where it is missing)."""
-    for name in [m for m in sys.modules if m == "optuna" or m.startswith("optuna.")]:
+    """Optuna made unimportable (None in sys.modules: `import optuna` raises ImportError, as where it is missing), and
+    the sweep code imported afresh under it, as in a process where optuna was never there."""
+    for name in [m for m in sys.modules if m.split(".")[0] == "optuna" or m == "charlm.training.sweep"]:
         monkeypatch.delitem(sys.modules, name)
     monkeypatch.setitem(sys.modules, "optuna", None)
     spec = write_spec(tmp_path, corpus, {"model.n_head": {"choices": [1, 2]}}, trials=1)
