@@ -6,7 +6,8 @@ in charlm's checkpoint format before the families were rebuilt on one shared cor
 their initial values by seeded noise. Beside each model's weights the file holds what that code computed: the logits
 of fixed inputs, a greedy continuation (decoder: charlm.decoding.generate; encoder-decoder: transduce; encoder: the
 top character at every position), and the steps of the cached decoding loop fed a fixed text (encoder: the attention
-maps). The model rebuilt from the file by today's code must give the same figures, to 1e-6, and the same choices.
+maps). The model rebuilt from the file by today's code must give the same figures, to float32's rounding
+on any CPU (5e-5), and the same choices.
 """
 
 from __future__ import annotations
@@ -28,7 +29,9 @@ FILES = sorted(BEFORE.glob("*.pt"))
 
 
 def same(actual: torch.Tensor, expected: torch.Tensor) -> None:
-    torch.testing.assert_close(actual, expected, atol=1e-6, rtol=0)
+    # The figures were computed on an AMD EPYC; an Intel Xeon's float32 kernels sum in another order and differ by up
+    # to ~1.2e-5 on these logits. A changed code path moves them by orders of magnitude more.
+    torch.testing.assert_close(actual, expected, atol=5e-5, rtol=1e-5)
 
 
 def test_every_family_has_stored_models():
