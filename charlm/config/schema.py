@@ -242,9 +242,8 @@ class TrainConfig:
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = documented(
         "auto",
         "autocast dtype: auto = bfloat16 on CUDA where supported, else float16; on CPUs with AMX-BF16, bfloat16 "
-        "for models wide enough to gain (n_embd >= 256, or >= 128 with batch x context x n_embd >= 1.5M), with "
-        "AVX-512 BF16 likewise (n_embd >= 192, or >= 128 with >= 0.5M; from 384 when float32 runs on oneDNN, "
-        "train.cpu_linear); float32 elsewhere",
+        "for models wide enough to gain (n_embd >= 384), with AVX-512 BF16 from n_embd 192, or 128 with batch x "
+        "context x n_embd >= 0.5M (from 384 when float32 runs on oneDNN, train.cpu_linear); float32 elsewhere",
     )
     compile: Literal["auto", "true", "false"] = documented("auto", "torch.compile: auto = on CUDA only; true; false")
     cpu_linear: Literal["auto", "onednn", "torch"] = documented(

@@ -81,15 +81,15 @@ def cpu_bf16_units() -> str | None:
 
 def cpu_bf16_pays(width: int, tokens: int, units: str = "amx", onednn: bool = False) -> bool:
     """Where bf16 autocast trained clearly faster than float32 (scripts/bench_bf16.py's maps; the figures are in
-    docs/benchmarks.md). AMX: from 256 wide at any batch, from 128 wide once a micro-batch holds 1.5M token-features
-    (batch x context x width: the G2P recipe). AVX-512 BF16: from 192 wide at any batch, from 128 wide from 0.5M
-    token-features; never at 96 wide. Against float32 on oneDNN's kernels (`onednn`, train.cpu_linear), AVX-512 BF16
-    pays only from 384 wide."""
+    docs/benchmarks.md). AMX: from 384 wide, where both AMX maps gained (1.00-1.78x); below it one map lost up to
+    1.6x (the G2P recipes 1.2-1.75x slower) where the other gained. AVX-512 BF16: from 192 wide at any batch, from
+    128 wide from 0.5M token-features (batch x context x width); never at 96 wide. Against float32 on oneDNN's
+    kernels (`onednn`, train.cpu_linear), AVX-512 BF16 pays only from 384 wide."""
     if units == "avx512" and onednn:
         return width >= 384
     if units == "avx512":
         return width >= 192 or (width >= 128 and width * tokens >= 500_000)
-    return width >= 256 or (width >= 128 and width * tokens >= 1_500_000)
+    return width >= 384
 
 
 def precision_name(dtype: torch.dtype | None) -> str:
