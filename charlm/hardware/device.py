@@ -82,7 +82,7 @@ def cpu_bf16_units() -> str | None:
 def cpu_bf16_pays(width: int, tokens: int, units: str = "amx", onednn: bool = False) -> bool:
     """Where bf16 autocast trained clearly faster than float32 (scripts/bench_bf16.py's maps; the figures are in
     docs/benchmarks.md). AMX: from 384 wide, where both AMX maps gained (1.00-1.78x); below it one map lost up to
-    1.6x (the G2P recipes 1.2-1.75x slower) where the other gained. AVX-512 BF16: from 192 wide at any batch, from
+    1.3x where the other gained (the G2P recipes 1.2-1.75x slower). AVX-512 BF16: from 192 wide at any batch, from
     128 wide from 0.5M token-features (batch x context x width); never at 96 wide. Against float32 on oneDNN's
     kernels (`onednn`, train.cpu_linear), AVX-512 BF16 pays only from 384 wide."""
     if units == "avx512" and onednn:
