@@ -7,8 +7,8 @@ Each cell is a forward and backward pass of the default recipe's model (configs/
 that width, on random windows; float32 and bf16 alternate for each cell, median of --steps after two warm-up steps.
 float32 runs on the kernels a training run picks here (train.cpu_linear: auto; oneDNN's on an AMD CPU, since
 2026-11-23), so the map compares bf16 with the float32 a user would otherwise get.
-charlm.hardware.device.cpu_bf16_pays has the rules drawn from this map on an AMX-BF16 and an AVX-512 BF16 CPU; the last
-column says what it picks on this one.
+charlm.hardware.device.cpu_bf16_pays has the rules drawn from this map on two AMX-BF16 CPUs and an AVX-512 BF16
+CPU; the last column says what it picks on this one.
 """
 
 from __future__ import annotations

@@ -18,11 +18,11 @@ CPU = torch.device("cpu")
     ("units", "width", "tokens", "pays"),
     [  # cells of scripts/bench_bf16.py's maps (docs/benchmarks.md; AMX: two machines), and the G2P recipes
         ("amx", 96, 8192, False),  # the default recipe's width: slower in bf16 at every batch on both
-        ("amx", 128, 768, False),  # nanoGPT's CPU shape: 0.76x, 0.63x
+        ("amx", 128, 768, False),  # nanoGPT's CPU shape: 0.81x, 0.63x
         ("amx", 128, 256 * 48, False),  # configs/g2p.yaml: 1.2x on one machine, 0.57x on the other
         ("amx", 192, 256 * 48, False),  # configs/g2p-hour.yaml: 0.78x on the second machine
-        ("amx", 192, 8192, False),  # 1.11x, 0.85x
-        ("amx", 256, 768, False),  # 1.21x, 0.85x
+        ("amx", 192, 8192, False),  # 1.20x, 0.85x
+        ("amx", 256, 768, False),  # 1.07x, 0.85x
         ("amx", 384, 768, True),  # 1.24x, 1.02x
         ("amx", 384, 8192, True),  # 1.78x, 1.15x
         ("avx512", 96, 8192, False),  # AMD EPYC, two runs of the map: 1.14x and 1.26x
