@@ -1,3 +1,6 @@
+"""Configs: the shipped files load and say their command, precedence of defaults, file, --set and options, and
+one-line refusals of unknown keys, wrong types and values out of range."""
+
 from pathlib import Path
 
 import pytest

@@ -1,3 +1,6 @@
+"""The character corpus: its train/val split, seeded batches that resume where they stopped, full passes that score
+every character once, and one-line refusals of files that cannot be a corpus."""
+
 import pytest
 import torch
 

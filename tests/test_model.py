@@ -1,3 +1,6 @@
+"""The decoder Transformer itself: causal logits, the initial loss, overfitting one batch, tied weights, scaled
+initialisation and RoPE's angles."""
+
 import math
 
 import pytest

@@ -1,3 +1,6 @@
+"""README and docs against the code: CI runs the README's test command, every test and module named exists, and the
+command table lists every command."""
+
 from conftest import REPO
 
 

@@ -1,3 +1,5 @@
+"""The character tokenizer: sorted ids, round trips through text and JSON, and the policies for unknown characters."""
+
 import pytest
 
 from charlm.data.tokenizer import CharTokenizer

@@ -51,7 +51,7 @@ def sweep(
         bool, typer.Option("--quiet", "-q", help="No progress lines or bars while the trials run.")
     ] = False,
 ) -> None:
-    """Search --set keys over trials with a time budget each (grid, random or TPE, pruning); rank them by full-val loss.
+    """Search --set keys over trials of one budget each (grid, random or TPE, pruning); rank them by full-val loss.
 
     One trial runs at a time (several at once are not supported: see docs/sweeps.md). Needs pip install -e
     ".\\[sweep]"; each trial is a normal run folder that `charlm eval`, `sample` and `plot` take, and `charlm plot
