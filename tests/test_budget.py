@@ -7,7 +7,7 @@ import json
 
 import pytest
 import yaml
-from conftest import assert_one_line_error, run_cli
+from conftest import REPO, assert_one_line_error, run_cli
 
 from charlm.config.schema import load_config
 from charlm.config.sources import find_config
@@ -48,6 +48,17 @@ def test_the_100_s_row_is_the_default_recipe():
     keys = [f"{section}.{key}" for section, body in cpu_yaml.items() for key in body if section != "data"]
     assert len(keys) > 20
     assert {k: recipe[k] for k in keys} == {k: shipped[k.split(".")[0]][k.split(".")[1]] for k in keys}
+
+
+def test_the_ten_minute_shape_sweep_fixes_the_rules_own_keys():
+    """configs/sweeps/shape-10m.yaml restates the rule's 10-minute keys for tiny-shakespeare (a sweep spec cannot
+    take --budget): they must stay the rule's, and its grid must hold the rule's own shape."""
+    spec = yaml.safe_load((REPO / "configs" / "sweeps" / "shape-10m.yaml").read_text())
+    rule = recipe_for(600, TINY_SHAKESPEARE_TRAIN_CHARS)
+    assert spec["set"] == {key: rule[key] for key in spec["set"]}
+    assert float(spec["budget"].removesuffix("s")) == rule["train.max_seconds"]
+    for key in ("model.n_layer", "model.n_embd"):
+        assert rule[key] in spec["params"][key]["choices"]
 
 
 def test_the_rule_grows_the_model_with_the_budget_and_the_dropout_as_the_corpus_shrinks():
