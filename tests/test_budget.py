@@ -68,8 +68,9 @@ def test_the_rule_grows_the_model_with_the_budget_and_the_dropout_as_the_corpus_
     assert (ten_minutes["model.n_layer"], ten_minutes["model.n_embd"], ten_minutes["model.n_head"]) == (5, 128, 4)
     assert (hour["model.n_layer"], hour["model.n_embd"], hour["model.n_head"]) == (6, 160, 5)
     assert hour["train.lr"] < ten_minutes["train.lr"] < recipe_for(100, 100_000_000)["train.lr"]
-    assert hour["model.dropout"] == 0.0  # 100 MB: the run never goes over it more than a few times
-    assert recipe_for(3600, TINY_SHAKESPEARE_TRAIN_CHARS)["model.dropout"] == 0.2  # ~26 epochs of 1 MB
+    assert hour["model.dropout"] == hour["train.muon_weight_decay"] == 0.0  # 100 MB: gone over a few times at most
+    small_hour = recipe_for(3600, TINY_SHAKESPEARE_TRAIN_CHARS)  # ~26 epochs of 1 MB
+    assert (small_hour["model.dropout"], small_hour["train.muon_weight_decay"]) == (0.2, 0.1)
     assert ten_minutes["train.max_seconds"] == 558 and hour["train.max_seconds"] == 3540
 
 
@@ -79,12 +80,13 @@ def test_the_user_keys_win_and_the_header_line_says_what_was_chosen(tmp_path, co
     result = run_cli("train", *args, "--json", check=True)
     header = result.stderr.splitlines()[0]
     assert header.startswith("budget 10m: 558 s of training; for budgets up to 20 min"), header
-    assert "1 layer x 128 wide, 4 heads, dropout 0.2 outside attention" in header
+    assert "1 layer x 128 wide, 4 heads, dropout 0.2 outside attention, Muon weight decay 0.1 (" in header
     assert header.endswith("yours kept: model.n_layer=1, train.max_steps=2")
     config = load_config(run / "config.yaml")
     assert (config.model.n_layer, config.model.n_embd, config.model.n_head, config.model.dropout) == (1, 128, 4, 0.2)
     assert (config.train.max_seconds, config.train.max_steps, config.train.lr) == (558, 2, 0.0043)
     assert config.model.attention_dropout == 0.0  # the fused attention kernel kept: dropout in the residual stream
+    assert config.train.muon_weight_decay == 0.1  # with dropout: the run goes over its corpus many times
     assert json.loads(result.stdout)["steps"] == 2
 
 
