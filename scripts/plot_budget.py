@@ -17,6 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from charlm.errors import UsageError
+from charlm.files import atomic_write
 from charlm.training.budget import parse_budget
 
 
@@ -73,9 +74,7 @@ def main() -> None:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     args.output.parent.mkdir(parents=True, exist_ok=True)
-    temp = args.output.with_name(f".{args.output.name}.tmp")
-    fig.savefig(temp, format="png", dpi=120)
-    temp.replace(args.output)  # a reader of the docs never sees half a picture
+    atomic_write(args.output, lambda f: fig.savefig(f, format="png", dpi=120))  # never half a picture
     print(f"wrote {args.output}")
 
 
