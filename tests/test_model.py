@@ -1,5 +1,5 @@
 """The decoder Transformer itself: causal logits, the initial loss, overfitting one batch, tied weights, scaled
-initialisation and RoPE's angles."""
+initialisation, RoPE's angles and the CPU dropout mask."""
 
 import math
 
@@ -8,6 +8,7 @@ import torch
 
 from charlm.config.schema import ModelConfig
 from charlm.models.decoder import GPT
+from charlm.models.layers import Dropout
 
 V = 65
 
@@ -92,3 +93,33 @@ def test_rope_angles_are_recomputed_for_positions_changed_in_place():
     pos += 5
     assert torch.allclose(rotary(x, pos), Rotary(8)(x, torch.arange(5, 9)))
     assert not torch.allclose(rotary(x, pos), first)
+
+
+@pytest.mark.parametrize("p", [0.1, 0.2, 0.5])
+def test_cpu_dropout_drops_its_share_in_every_lane_and_keeps_the_expectation(p):
+    x = torch.ones(64, 128, 128, requires_grad=True)  # 1M elements: the share dropped is within 0.002 of p
+    torch.manual_seed(0)
+    y = Dropout(p).train()(x)
+    dropped = y == 0
+    assert abs(dropped.float().mean().item() - p) < 0.002
+    # Four draws come from each 64-bit random number: each of the four lanes drops its share (a lane with a
+    # constant bit would drop none or twice as many).
+    for lane in dropped.flatten().view(-1, 4).float().mean(0).tolist():
+        assert abs(lane - p) < 0.004
+    kept = y[~dropped]
+    assert torch.all(kept == kept[0]) and kept[0].item() == pytest.approx(1 / (1 - p), abs=1e-4)
+    assert y.mean().item() == pytest.approx(1.0, abs=0.005)
+    y.sum().backward()
+    assert torch.equal(x.grad, y.detach())  # the gradient goes through the kept values, scaled alike
+
+
+def test_cpu_dropout_follows_the_seed_and_is_off_in_eval_mode():
+    x = torch.randn(3, 5, 7)  # a size that is not a multiple of four
+    dropout = Dropout(0.3).train()
+    draws = []
+    for seed in (1, 1, 2):
+        torch.manual_seed(seed)
+        draws.append(dropout(x))
+    assert torch.equal(draws[0], draws[1]) and not torch.equal(draws[0], draws[2])
+    assert torch.equal(dropout.eval()(x), x)
+    assert torch.equal(Dropout(0.0).train()(x), x)

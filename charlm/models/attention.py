@@ -17,7 +17,7 @@ from torch import nn
 
 from charlm.config.schema import ModelConfig
 from charlm.models.kvcache import Cache
-from charlm.models.layers import ResidualProjection, Rotary, TokenShift, alibi_slopes, part_bias
+from charlm.models.layers import Dropout, ResidualProjection, Rotary, TokenShift, alibi_slopes, part_bias
 from charlm.models.linear import Linear
 
 Kind = Literal["causal", "both", "cross"]
@@ -114,8 +114,8 @@ class Attention(nn.Module):
         # Dropout of the attention weights: SDPA's fused CPU kernel has none, so any sends it to the unfused fallback
         # (slower, with a mask as large as the scores); model.attention_dropout: 0 keeps dropout to the residual stream.
         self.dropout = config.dropout if config.attention_dropout is None else config.attention_dropout
-        self.attn_dropout = nn.Dropout(self.dropout)
-        self.resid_dropout = nn.Dropout(config.dropout)
+        self.attn_dropout = Dropout(self.dropout)
+        self.resid_dropout = Dropout(config.dropout)
         relative = kind != "cross"  # RoPE and ALiBi act in self-attention only
         self.rotary = Rotary(C // config.n_head) if relative and config.pos_encoding == "rope" else None
         slopes = alibi_slopes(config.n_head) if relative and config.pos_encoding == "alibi" else None

@@ -14,6 +14,7 @@ from charlm.config.schema import ModelConfig
 from charlm.models.attention import recorded_attention, share_rotary
 from charlm.models.block import Block, typed
 from charlm.models.kvcache import Cache, RowCache
+from charlm.models.layers import Dropout
 from charlm.models.transformer import Transformer, absolute_positions, final_norm, output_head, token_shift
 
 RELATIVE = ("rope", "alibi")  # encodings under which attention depends on distances only
@@ -27,7 +28,7 @@ class GPT(Transformer):
         self.tok_emb = nn.Embedding(vocab_size, config.n_embd)
         self.pos_emb = absolute_positions(config)
         self.token_shift = token_shift(config)
-        self.drop = nn.Dropout(config.dropout)
+        self.drop = Dropout(config.dropout)
         self.blocks = nn.ModuleList(Block(config, "causal") for _ in range(config.n_layer))
         share_rotary(self)
         self.ln_f = final_norm(config)

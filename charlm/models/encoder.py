@@ -15,6 +15,7 @@ from torch import nn
 from charlm.config.schema import ModelConfig
 from charlm.models.attention import recorded_attention, share_rotary
 from charlm.models.block import Block, typed
+from charlm.models.layers import Dropout
 from charlm.models.transformer import Transformer, absolute_positions, final_norm, output_head, token_shift
 
 
@@ -27,7 +28,7 @@ class EncoderOnly(Transformer):
         self.tok_emb = nn.Embedding(vocab_size + 1, config.n_embd)  # + the mask symbol
         self.pos_emb = absolute_positions(config)
         self.token_shift = token_shift(config)
-        self.drop = nn.Dropout(config.dropout)
+        self.drop = Dropout(config.dropout)
         self.encoder = nn.ModuleList(Block(config, "both") for _ in range(config.n_layer))
         share_rotary(self)
         self.ln_f = final_norm(config)

@@ -22,6 +22,7 @@ from charlm.data.tokenizer import PAD
 from charlm.models.attention import recorded_attention, share_rotary
 from charlm.models.block import Block, typed
 from charlm.models.kvcache import KVCache
+from charlm.models.layers import Dropout
 from charlm.models.transformer import Transformer, absolute_positions, final_norm, output_head, token_shift
 
 KeysValues = tuple[torch.Tensor, torch.Tensor]  # one decoder block's cross-attention keys and values (B, nh, S, hd)
@@ -38,7 +39,7 @@ class EncoderDecoder(Transformer):
         self.src_pos, self.pos_emb = absolute_positions(config), absolute_positions(config)
         # Token shift on each side: a source's characters and a target's differ in role.
         self.src_token_shift, self.token_shift = token_shift(config), token_shift(config)
-        self.drop = nn.Dropout(config.dropout)
+        self.drop = Dropout(config.dropout)
         n_encoder = config.n_encoder_layer or config.n_layer
         self.encoder = nn.ModuleList(Block(config, "both") for _ in range(n_encoder))
         self.decoder = nn.ModuleList(Block(config, "causal", reads_encoder=True) for _ in range(config.n_layer))
