@@ -123,3 +123,7 @@ def test_cpu_dropout_follows_the_seed_and_is_off_in_eval_mode():
     assert torch.equal(draws[0], draws[1]) and not torch.equal(draws[0], draws[2])
     assert torch.equal(dropout.eval()(x), x)
     assert torch.equal(Dropout(0.0).train()(x), x)
+    wide = torch.ones(6, 4, dtype=torch.bfloat16).t()  # bfloat16 (autocast's), and not contiguous
+    halved = Dropout(0.5).train()(wide)
+    assert halved.dtype == torch.bfloat16 and halved.shape == (4, 6)
+    assert set(halved.flatten().tolist()) <= {0.0, 2.0}

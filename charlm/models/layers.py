@@ -182,8 +182,9 @@ class Dropout(nn.Dropout):
     """nn.Dropout whose training mask, on the CPU, is 16-bit integers, four from each 64-bit random number: torch's
     CPU dropout draws a float an element (bernoulli_), a tenth of the training step of `--budget 10m`'s 5 x 128
     model, and this mask costs a half to a third of that (scripts/bench_dropout.py). Kept values are scaled by
-    1 / (1 - the rounded p), so their expectation is kept exactly. In eval mode, off the CPU and under torch.compile
-    it is nn.Dropout."""
+    1 / (1 - the rounded p), so in float32 their expectation is kept exactly (in bfloat16 the scale is rounded, as in
+    torch's own dropout). In eval mode, off the CPU and under torch.compile it is nn.Dropout; dropout of attention
+    weights inside SDPA (model.attention_dropout) is SDPA's own."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dropped = round(self.p * MASK_LEVELS)
