@@ -4,7 +4,7 @@ torch's nn.Dropout in its place, alternating, and the mask alone.
     python scripts/bench_dropout.py               # the rule's 10-minute and 1-hour models on tiny-shakespeare
     python scripts/bench_dropout.py --steps 3     # a quick check that it runs
 
-Each model is what `charlm train --budget B` trains on tiny-shakespeare's training split (1,003,855 characters):
+Each model is what `charlm train --budget B` trains on tiny-shakespeare (data/tinyshakespeare.txt, `charlm download`):
 5 x 128 with dropout 0.1 at 10 minutes, 6 x 160 with dropout 0.2 at an hour. A step is a forward and backward pass
 of a batch of the rule's 16 windows of 128 random characters; the two kinds of dropout take turns step by step, and
 each figure is the median of --steps after two warm-up steps. "mask" times one dropout call on a (16, 128, width)
@@ -27,15 +27,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from charlm.config.schema import Config, load_config
 from charlm.models.decoder import GPT
 from charlm.models.layers import Dropout
-from charlm.training.budget import parse_budget, recipe_for
+from charlm.training.budget import parse_budget, recipe_for, train_characters
 
-TRAIN_CHARS = 1_003_855  # tiny-shakespeare's training split (90% of the file)
 BUDGETS = ("10m", "1h")
 
 
 def rule_config(budget: str) -> Config:
-    sets = [f"{k}={v}" for k, v in recipe_for(parse_budget(budget), TRAIN_CHARS).items() if v is not None]
-    return load_config("cpu", sets)
+    """configs/cpu.yaml (tiny-shakespeare) with the keys `charlm train --budget BUDGET` sets on it."""
+    base = load_config("cpu")
+    if not Path(base.data.path).is_file():
+        raise SystemExit(f"{base.data.path} is missing: run `charlm download` first (the rule reads its size)")
+    recipe = recipe_for(parse_budget(budget), train_characters(base))
+    return load_config("cpu", [f"{k}={v}" for k, v in recipe.items() if v is not None])
 
 
 def model(config: Config, torch_dropout: bool) -> GPT:
@@ -78,12 +81,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=30, help="timed rounds after two warm-up ones")
     args = parser.parse_args()
+    configs = {budget: rule_config(budget) for budget in BUDGETS}  # a missing corpus is said before any output
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
     print("| budget | model | dropout | step ms, charlm's dropout | step ms, torch's | speed-up ", end="")
     print("| mask ms, charlm's | mask ms, torch's |")
     print("|---|---|---|---|---|---|---|---|")
-    for budget in BUDGETS:
-        config = rule_config(budget)
+    for budget, config in configs.items():
         ms = medians_ms(config, args.steps)
         m = config.model
         print(

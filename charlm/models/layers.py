@@ -188,9 +188,8 @@ class Dropout(nn.Dropout):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dropped = round(self.p * MASK_LEVELS)
-        if not self.training or not 0 < dropped < MASK_LEVELS or x.device.type != "cpu" or self.inplace:
-            return super().forward(x)
-        if torch.compiler.is_compiling():  # inductor draws its own fused mask
+        cpu_eager = x.device.type == "cpu" and not torch.compiler.is_compiling()  # inductor fuses its own mask
+        if not (self.training and 0 < dropped < MASK_LEVELS and cpu_eager) or self.inplace:
             return super().forward(x)
         words = torch.empty((x.numel() + 3) // 4, dtype=torch.int64).random_(-(2**63), None)  # all 64 bits random
         draws = words.view(torch.int16)[: x.numel()].view(x.shape)  # uniform over -32768..32767
