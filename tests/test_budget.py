@@ -72,6 +72,15 @@ def test_the_rule_grows_the_model_with_the_budget_and_the_dropout_as_the_corpus_
     small_hour = recipe_for(3600, TINY_SHAKESPEARE_TRAIN_CHARS)  # ~26 epochs of 1 MB
     assert (small_hour["model.dropout"], small_hour["train.muon_weight_decay"]) == (0.2, 0.1)
     assert ten_minutes["train.max_seconds"] == 558 and hour["train.max_seconds"] == 3540
+    # Over 5 minutes, context 256 at the default's 2,048 characters a step; up to 5 minutes, the default's 128.
+    for recipe, context in ((recipe_for(300, 100_000_000), 128), (ten_minutes, 256), (hour, 256)):
+        assert (recipe["model.block_size"], recipe["train.batch_size"]) == (context, 2048 // context)
+
+
+def test_a_context_of_the_user_s_own_keeps_the_characters_a_step():
+    rule = recipe_for(600, TINY_SHAKESPEARE_TRAIN_CHARS, {"model.block_size": 512})
+    assert rule["train.batch_size"] == 4
+    assert recipe_for(600, TINY_SHAKESPEARE_TRAIN_CHARS, {"model.block_size": 4096})["train.batch_size"] == 1
 
 
 def test_the_user_keys_win_and_the_header_line_says_what_was_chosen(tmp_path, corpus):
@@ -80,10 +89,12 @@ def test_the_user_keys_win_and_the_header_line_says_what_was_chosen(tmp_path, co
     result = run_cli("train", *args, "--json", check=True)
     header = result.stderr.splitlines()[0]
     assert header.startswith("budget 10m: 558 s of training; for budgets up to 20 min"), header
-    assert "1 layer x 128 wide, 4 heads, dropout 0.2 outside attention, Muon weight decay 0.1 (" in header
+    assert "1 layer x 128 wide, 4 heads, context 256 x batch 8, dropout 0.2 outside attention" in header
+    assert "outside attention, Muon weight decay 0.1 (" in header
     assert header.endswith("yours kept: model.n_layer=1, train.max_steps=2")
     config = load_config(run / "config.yaml")
     assert (config.model.n_layer, config.model.n_embd, config.model.n_head, config.model.dropout) == (1, 128, 4, 0.2)
+    assert (config.model.block_size, config.train.batch_size) == (256, 8)
     assert (config.train.max_seconds, config.train.max_steps, config.train.lr) == (558, 2, 0.0043)
     assert config.model.attention_dropout == 0.0  # the fused attention kernel kept: dropout in the residual stream
     assert config.train.muon_weight_decay == 0.1  # with dropout: the run goes over its corpus many times
