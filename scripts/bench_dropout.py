@@ -6,9 +6,9 @@ torch's nn.Dropout in its place, alternating, and the mask alone.
 
 Each model is what `charlm train --budget B` trains on tiny-shakespeare (data/tinyshakespeare.txt, `charlm download`):
 5 x 128 with dropout 0.1 at 10 minutes, 6 x 160 with dropout 0.2 at an hour. A step is a forward and backward pass
-of a batch of the rule's 16 windows of 128 random characters; the two kinds of dropout take turns step by step, and
-each figure is the median of --steps after two warm-up steps. "mask" times one dropout call on a (16, 128, width)
-activation the same way.
+of a batch of the rule's random windows (8 of 256 characters at both budgets); the two kinds of dropout take turns step
+by step, and each figure is the median of --steps after two warm-up steps. "mask" times one dropout call on an
+activation of the same batch, (8, 256, width), the same way.
 """
 
 from __future__ import annotations

@@ -77,10 +77,36 @@ def test_the_rule_grows_the_model_with_the_budget_and_the_dropout_as_the_corpus_
         assert (recipe["model.block_size"], recipe["train.batch_size"]) == (context, 2048 // context)
 
 
-def test_a_context_of_the_user_s_own_keeps_the_characters_a_step():
+def test_a_context_of_the_user_s_own_keeps_the_characters_a_step(tmp_path, corpus):
     rule = recipe_for(600, TINY_SHAKESPEARE_TRAIN_CHARS, {"model.block_size": 512})
     assert rule["train.batch_size"] == 4
     assert recipe_for(600, TINY_SHAKESPEARE_TRAIN_CHARS, {"model.block_size": 4096})["train.batch_size"] == 1
+    runs = {
+        "set-context": ["--set", "model.block_size=64"],  # the batch follows it: 32 x 64
+        "set-batch": ["--set", "train.batch_size=4"],  # kept, beside the rule's context
+        "file": ["--config", "tiny"],  # a config file's context and batch are the user's: both kept
+    }
+    for name, args in runs.items():
+        run_cli(
+            "train",
+            "--budget",
+            "10m",
+            *args,
+            "--data",
+            corpus,
+            "--out-dir",
+            tmp_path / name,
+            "--max-steps",
+            1,
+            "--quiet",
+            check=True,
+        )
+    shapes = {name: load_config(tmp_path / name / "config.yaml") for name in runs}
+    assert {name: (c.model.block_size, c.train.batch_size) for name, c in shapes.items()} == {
+        "set-context": (64, 32),
+        "set-batch": (256, 4),
+        "file": (32, 16),
+    }
 
 
 def test_the_user_keys_win_and_the_header_line_says_what_was_chosen(tmp_path, corpus):

@@ -63,7 +63,7 @@ TABLE = (
     Row(9000.0, 7, 1000, 256),
     Row(math.inf, 8, 2000, 256),
 )
-CHARS_PER_STEP = 2048  # configs/cpu.yaml's 16 windows of 128, kept as the context grows: Muon was tuned on it
+CHARS_PER_STEP = 2048  # configs/cpu.yaml's 16 windows of 128 a forward pass, kept as the context grows (Muon's tuning)
 HEAD_SIZE = 32  # configs/cpu.yaml's heads: RoPE needs it even, and fewer, wider heads cost the CPU's attention less
 REFERENCE_WIDTH = 96  # the width whose learning rates configs/cpu.yaml tuned
 # Characters a second of the 4 x 96 default on a 2-core CPU (docs/training.md's run), for the epochs estimate only.
