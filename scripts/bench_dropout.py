@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from charlm.config.schema import Config, load_config
 from charlm.models.decoder import GPT
 from charlm.models.layers import Dropout
-from charlm.training.budget import parse_budget, recipe_for, train_characters
+from charlm.training.budget import plan_budget
 
 BUDGETS = ("10m", "1h")
 
@@ -37,8 +37,7 @@ def rule_config(budget: str) -> Config:
     base = load_config("cpu")
     if not Path(base.data.path).is_file():
         raise SystemExit(f"{base.data.path} is missing: run `charlm download` first (the rule reads its size)")
-    recipe = recipe_for(parse_budget(budget), train_characters(base))
-    return load_config("cpu", [f"{k}={v}" for k, v in recipe.items() if v is not None])
+    return plan_budget(budget, None, [], {}).config(say=lambda line: None)  # what `charlm train --budget` resolves
 
 
 def model(config: Config, torch_dropout: bool) -> GPT:
