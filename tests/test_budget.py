@@ -159,3 +159,24 @@ def test_a_dropout_of_the_users_own_keeps_its_reach(tmp_path, corpus):
     run_cli("train", *args, "--out-dir", tmp_path / "rule", check=True)
     rule = load_config(tmp_path / "rule" / "config.yaml").model
     assert rule.dropout > 0 and rule.attention_dropout == 0.0
+
+
+def test_a_small_corpus_shortens_the_rule_s_context_to_fit_its_validation_split(tmp_path, corpus):
+    """2,000 characters hold back 200 for validation: no window of 256 (the 10-minute row's context) fits there, 128
+    does, and the header says why; a context the user gives is theirs, and a corpus too small for any window is
+    refused in one line as without a budget."""
+    text = corpus.read_text()
+    small, tiny = tmp_path / "small.txt", tmp_path / "tiny.txt"
+    small.write_text(text[:2000])
+    tiny.write_text(text[:100])
+    args = ["train", "--budget", "10m", "--max-steps", 1, "--set", "model.n_layer=1"]
+    result = run_cli(*args, "--data", small, "--out-dir", tmp_path / "small", "--json", check=True)
+    header = result.stderr.splitlines()[0]
+    assert "context 128 (the 200-character validation split holds no window of 256) x batch 16" in header, header
+    config = load_config(tmp_path / "small" / "config.yaml")
+    assert (config.model.block_size, config.train.batch_size) == (128, 16)
+    run_cli(*args, "--data", small, "--out-dir", tmp_path / "mine", "--set", "model.block_size=64", check=True)
+    assert load_config(tmp_path / "mine" / "config.yaml").model.block_size == 64
+    result = run_cli(*args, "--data", tiny, "--out-dir", tmp_path / "tiny", "--quiet")
+    assert_one_line_error(result, 2, "too short", "validation split has 10 tokens", "model.block_size")
+    assert recipe_for(600, 1_800, val_chars=100)["model.block_size"] == 64  # halved until a window fits

@@ -7,7 +7,7 @@ would go over its training split): dropout, kept out of the attention weights (t
 attention kernel, and at 10 minutes on tiny-shakespeare the residual stream's alone did better in the same time), and
 with it Muon's weight decay, which lowered the loss of 10 minutes on tiny-shakespeare on each of three seeds
 (docs/benchmarks.md, "Recipes for a time budget"). Over 5 minutes the context is 256 instead of 128, the batch halved
-to keep 2,048 characters a step.
+to keep 2,048 characters a step; a corpus too small to hold a window of it in each split gets a shorter one.
 Everything else is configs/cpu.yaml's recipe, which the row for 100 s reproduces exactly.
 
 Where the table comes from is docs/benchmarks.md ("Recipes for a time budget"): the default 4 x 96 recipe is the best
@@ -64,6 +64,7 @@ TABLE = (
     Row(math.inf, 8, 2000, 256),
 )
 CHARS_PER_STEP = 2048  # configs/cpu.yaml's 16 windows of 128 a forward pass, kept as the context grows (Muon's tuning)
+MIN_CONTEXT = 16  # the rule shortens its context for a tiny corpus no further; below it the run says what is wrong
 HEAD_SIZE = 32  # configs/cpu.yaml's heads: RoPE needs it even, and fewer, wider heads cost the CPU's attention less
 REFERENCE_WIDTH = 96  # the width whose learning rates configs/cpu.yaml tuned
 # Characters a second of the 4 x 96 default on a 2-core CPU (docs/training.md's run), for the epochs estimate only.
@@ -131,12 +132,16 @@ def _sig2(x: float) -> float:
     return float(f"{x:.2g}")
 
 
-def recipe_for(seconds: float, train_chars: int, kept: dict[str, Any] | None = None) -> dict[str, Any]:
+def recipe_for(
+    seconds: float, train_chars: int, kept: dict[str, Any] | None = None, val_chars: int | None = None
+) -> dict[str, Any]:
     """Every key the rule sets for this budget and a training split of this many characters; `kept` holds the
     user's own keys: model.n_layer and model.n_embd for the dropout to follow the model that will train, and
-    model.block_size for the batch to keep CHARS_PER_STEP characters a step."""
+    model.block_size for the batch to keep CHARS_PER_STEP characters a step. `val_chars`, the validation split's
+    size, shortens the context where that split could not hold one window of the row's."""
     kept = kept or {}
     row = row_for(seconds)
+    context = kept.get("model.block_size", context_for(row, min(train_chars, val_chars or train_chars)))
     width = width_for(row.depth)
     scale = math.sqrt(REFERENCE_WIDTH / width)
     depth_run, width_run = kept.get("model.n_layer", row.depth), kept.get("model.n_embd", width)
@@ -146,8 +151,8 @@ def recipe_for(seconds: float, train_chars: int, kept: dict[str, Any] | None = N
         "model.n_layer": row.depth,
         "model.n_embd": width,
         "model.n_head": width // HEAD_SIZE,
-        "model.block_size": row.block_size,
-        "train.batch_size": max(1, CHARS_PER_STEP // kept.get("model.block_size", row.block_size)),
+        "model.block_size": context,
+        "train.batch_size": max(1, CHARS_PER_STEP // context),
         "model.dropout": dropout,
         "model.attention_dropout": 0.0 if dropout else None,  # None: not set (a config's own, or model.dropout)
         "train.muon_weight_decay": MUON_WEIGHT_DECAY if dropout else 0.0,
@@ -160,17 +165,29 @@ def recipe_for(seconds: float, train_chars: int, kept: dict[str, Any] | None = N
     }
 
 
+def context_for(row: Row, shortest_split: int) -> int:
+    """The row's context, halved while the shorter split could not hold one window of it (inputs and the next
+    character): a corpus of a few kilobytes still trains, where the row's context would be refused as too long."""
+    context = row.block_size
+    while context + 1 > shortest_split and context > MIN_CONTEXT:
+        context //= 2
+    return context
+
+
 def dropout_for(epochs: float) -> float:
     return next(p for limit, p in DROPOUT_BY_EPOCHS if epochs <= limit)
 
 
-def train_characters(config: Config) -> int:
-    """The training split's size in characters, estimated from the files' bytes (the same for mostly-ASCII text)."""
+def split_characters(config: Config) -> tuple[int, int]:
+    """The training and validation splits' sizes in characters, estimated from the files' bytes (the same for
+    mostly-ASCII text)."""
     total = sum(f.stat().st_size for f in source_files(Path(config.data.path)))
     d = config.data
     held_val = 0 if d.val_path else d.val_size or round(total * d.val_fraction)  # a given file takes nothing
     held = held_val + (0 if d.test_path else d.test_size or round(total * d.test_fraction))
-    return max(total - held, 0)
+    given = Path(d.val_path) if d.val_path else None
+    val = given.stat().st_size if given and given.is_file() else held_val  # a missing file is said when it is read
+    return max(total - held, 0), val
 
 
 @dataclass
@@ -189,29 +206,34 @@ class BudgetRequest:
         """The run's configuration: the rule's keys where the user gave none; says what was chosen in one line."""
         base = cfg.load_config(self.config_file or cfg.DEFAULT_CONFIG, self.sets, self.options)
         ensure_builtin_corpus(base.data.path, say)
-        chars = train_characters(base)
-        recipe = recipe_for(self.seconds, chars, {k: v for k, v in base.flat().items() if k in self.user_keys})
+        chars, val_chars = split_characters(base)
+        kept = {k: v for k, v in base.flat().items() if k in self.user_keys}
+        recipe = recipe_for(self.seconds, chars, kept, val_chars)
         chosen = {k: v for k, v in recipe.items() if k not in self.user_keys}
         if "model.dropout" in self.user_keys:  # a dropout of the user's own keeps its own reach
             chosen.pop("model.attention_dropout")
         options = {**self.options, **{k: ("--budget", v) for k, v in chosen.items()}}
         config = cfg.load_config(self.config_file or cfg.DEFAULT_CONFIG, self.sets, options)
-        say(self.describe(config, chars, sorted(k for k in recipe if k in self.user_keys)))
+        say(self.describe(config, (chars, val_chars), sorted(k for k in recipe if k in self.user_keys)))
         return config
 
-    def describe(self, config: Config, chars: int, kept: list[str]) -> str:
+    def describe(self, config: Config, splits: tuple[int, int], kept: list[str]) -> str:
         m, t = config.model, config.train
-        row = row_for(self.seconds)
+        chars, row = splits[0], row_for(self.seconds)
         epochs = expected_epochs(self.seconds, m.n_layer, m.n_embd, chars)
         limit = "any budget" if math.isinf(row.up_to_s) else f"budgets up to {_duration(row.up_to_s)}"
         mine = config.flat()
         yours = "; yours kept: " + ", ".join(f"{k}={mine[k]}" for k in kept) if kept else ""
         layers = f"{m.n_layer} layer{'s' if m.n_layer > 1 else ''}"
         outside = " outside attention" if m.dropout and m.attention_dropout == 0 else ""
+        context = f"context {m.block_size}"
+        if "model.block_size" not in kept and m.block_size < row.block_size:  # context_for shortened it
+            split = "validation" if splits[1] <= splits[0] else "training"
+            context += f" (the {min(splits):,}-character {split} split holds no window of {row.block_size})"
         decay = f", Muon weight decay {t.muon_weight_decay:g}" if t.muon_weight_decay and t.optimizer == "muon" else ""
         return (
             f"budget {self.text}: {t.max_seconds:g} s of training; for {limit} (charlm/training/budget.py) "
-            f"{layers} x {m.n_embd} wide, {m.n_head} heads, context {m.block_size} x batch {t.batch_size}, dropout "
+            f"{layers} x {m.n_embd} wide, {m.n_head} heads, {context} x batch {t.batch_size}, dropout "
             f"{m.dropout:g}{outside}{decay} (~{epochs:.0f} epochs of {chars:,} training characters), lr {t.lr:.2g}, "
             f"evaluations every {t.eval_interval} steps{yours}"
         )
