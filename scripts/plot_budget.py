@@ -1,8 +1,8 @@
 """Draw full-validation loss against the time budget, one line per recipe, from figures given on the command line.
 
     python scripts/plot_budget.py -o docs/budget-tinyshakespeare.png --title "tiny-shakespeare" \
-        --series "charlm train --budget T: 100s=1.5322 10m=1.4512 1h=1.4427" \
-        --series "configs/cpu.yaml given T: 100s=1.5322 10m=1.4916 1h=1.5074"
+        --series "charlm train --budget T: 100s=1.5322 10m=1.4512 1h=1.4283" \
+        --series "configs/cpu.yaml given T: 100s=1.5322 10m=1.4916 1h=1.5009"
 
 A series is LABEL: BUDGET=LOSS ..., each budget written as `--budget` takes it (100s, 10m, 1h); the budgets go on a
 logarithmic axis. The figures are the medians (or single runs) that docs/benchmarks.md records with their commands:
