@@ -119,6 +119,17 @@ def nanogpt_train(work: Path, out_dir: Path, iters: int, extra: list[str]) -> tu
     return wall, ms
 
 
+def iterations_for(seconds: float, wall: float, ms: list[float]) -> int:
+    """nanoGPT's iterations that fill `seconds` of wall time, from a run of len(ms) iterations that took `wall`: its
+    log times every iteration (evaluations and checkpoints inside the iterations they fall on), so the mean of those
+    times is the pace of a longer run, and what the log leaves out (start-up) is paid once. Scaling the whole wall
+    time instead counts the start-up once per run's worth of iterations, and fell 10-20% short."""
+    if not ms:
+        raise SystemExit("nanoGPT's log had no 'iter N: loss L, time Tms' lines: is the checkout karpathy/nanoGPT?")
+    start_up = max(0.0, wall - sum(ms) / 1000)
+    return max(1, round((seconds - start_up) / (sum(ms) / len(ms) / 1000)))
+
+
 def nanogpt_probe(work: Path, mode: str, ckpt: Path, arg: str, *more: str) -> dict:
     out, _ = run([sys.executable, "-c", NANOGPT_PROBE, mode, str(ckpt), arg, *more], cwd=work)
     return json.loads(out.strip().splitlines()[-1])
@@ -127,8 +138,8 @@ def nanogpt_probe(work: Path, mode: str, ckpt: Path, arg: str, *more: str) -> di
 def equal_budget(args: argparse.Namespace, work: Path, scratch: Path, report) -> None:
     """`charlm train --budget B` on the corpus, then nanoGPT's CPU recipe stretched to the wall time it took."""
     c_sum, c_wall = charlm("train", "--data", str(args.data), "--budget", args.budget, "--out-dir", str(scratch / "c"))
-    cal_wall, _ = nanogpt_train(work, scratch / "n-cal", 1000, NANOGPT_CPU)
-    iters = max(1, round(1000 * c_wall / cal_wall))
+    cal_wall, cal_ms = nanogpt_train(work, scratch / "n-cal", 1000, NANOGPT_CPU)
+    iters = iterations_for(c_wall, cal_wall, cal_ms)
     n_wall, _ = nanogpt_train(work, scratch / "n", iters, NANOGPT_CPU)
     val_bin = work / "data" / "shakespeare_char" / "val.bin"
     scored = c_sum["full_val_tokens"]
@@ -178,7 +189,7 @@ def the_four_comparisons(args: argparse.Namespace, work: Path, scratch: Path, re
     val_bin = work / "data" / "shakespeare_char" / "val.bin"
 
     # 1. the CPU recipe against the default charlm run
-    n_wall, _ = nanogpt_train(work, scratch / "n1", 2000, NANOGPT_CPU)
+    n_wall, n_ms = nanogpt_train(work, scratch / "n1", 2000, NANOGPT_CPU)
     n_loss = nanogpt_probe(work, "fullval", scratch / "n1" / "ckpt.pt", str(val_bin))["loss"]
     c_sum, c_wall = charlm("train", "--data", str(args.data), "--out-dir", str(scratch / "c1"))
     report(
@@ -189,7 +200,7 @@ def the_four_comparisons(args: argparse.Namespace, work: Path, scratch: Path, re
     )
 
     # 2. nanoGPT stretched to charlm's wall time
-    iters = max(1, round(2000 * c_wall / n_wall))
+    iters = iterations_for(c_wall, n_wall, n_ms)
     s_wall, _ = nanogpt_train(work, scratch / "n2", iters, NANOGPT_CPU)
     s_loss = nanogpt_probe(work, "fullval", scratch / "n2" / "ckpt.pt", str(val_bin))["loss"]
     c2_sum, c2_wall = charlm("train", "--data", str(args.data), "--out-dir", str(scratch / "c2"))
