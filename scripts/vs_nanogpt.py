@@ -122,8 +122,8 @@ def nanogpt_train(work: Path, out_dir: Path, iters: int, extra: list[str]) -> tu
 def iterations_for(seconds: float, wall: float, ms: list[float]) -> int:
     """nanoGPT's iterations that fill `seconds` of wall time, from a run of len(ms) iterations that took `wall`: its
     log times every iteration (evaluations and checkpoints inside the iterations they fall on), so the mean of those
-    times is the pace of a longer run, and what the log leaves out (start-up) is paid once. Scaling the whole wall
-    time instead counts the start-up once per run's worth of iterations, and fell 10-20% short."""
+    times is the pace of a longer run, and what the log leaves out (start-up) is paid once; scaling the whole wall
+    time would charge the start-up again for every calibration run's worth of iterations."""
     if not ms:
         raise SystemExit("nanoGPT's log had no 'iter N: loss L, time Tms' lines: is the checkout karpathy/nanoGPT?")
     start_up = max(0.0, wall - sum(ms) / 1000)
