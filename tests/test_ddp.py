@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -53,18 +54,24 @@ def same_kernels(requested: str):
     return onednn_linears(use_onednn(torch.device("cpu"), requested))
 
 
+def launch_env(scratch: Path) -> dict[str, str]:
+    """The environment of a torchrun launch: this checkout's charlm, one thread a rank, and the launcher's temporary
+    folders (torchelastic_*) under scratch rather than the machine's /tmp, where they would outlive the test."""
+    return {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "TMPDIR": str(scratch)}
+
+
 def torchrun(
     *args: str, nproc: int = 2, timeout: float = HANG_S, program: tuple[str, ...] = ("-m", "charlm")
 ) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    return subprocess.run(
-        torchrun_args(*args, nproc=nproc, program=program),
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        stdin=subprocess.DEVNULL,
-    )
+    with tempfile.TemporaryDirectory(prefix="charlm-torchrun-") as scratch:
+        return subprocess.run(
+            torchrun_args(*args, nproc=nproc, program=program),
+            env=launch_env(Path(scratch)),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
+        )
 
 
 def test_two_ranks_train_and_hand_over_to_one_process_and_back(one_step_runs):
@@ -237,11 +244,10 @@ def test_one_failing_rank_brings_the_job_down_quickly(tmp_path, corpus, sig):
     N + 1's gradients were exchanged but before it logged the step, while rank 1 has gone on to the next step's
     stop-or-go exchange and given its answer (go) before the signal came."""
     run = tmp_path / "run"
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     sets = ["train.eval_interval=5", "train.log_interval=1"]
     job = subprocess.Popen(
         torchrun_args(*train_cli(corpus, run, steps=1000000, quiet=True, config=TINY, sets=sets)),
-        env=env,
+        env=launch_env(tmp_path),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

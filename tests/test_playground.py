@@ -7,10 +7,13 @@ CHARLM_SCREENSHOT_MODEL to show another checkpoint than the tests' small one.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import skip_without
@@ -39,20 +42,32 @@ def server(tiny_checkpoint):
     process.stop()
 
 
-@pytest.fixture(scope="module")
-def browser():
+@contextlib.contextmanager
+def headless_chromium(scratch: Path, window: str) -> Iterator[Any]:
+    """The system's Chromium, headless, driven by Selenium, its window "WIDTH,HEIGHT" pixels. Its temporary files (a
+    profile, a singleton socket) go under scratch rather than the machine's /tmp, where they would outlive the test."""
     from selenium import webdriver
     from selenium.webdriver.chrome.options import Options
     from selenium.webdriver.chrome.service import Service
 
     options = Options()
     options.binary_location = CHROMIUM
-    for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1100,1000"):
+    for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", f"--window-size={window}"):
         options.add_argument(flag)
-    driver = webdriver.Chrome(service=Service(executable_path=DRIVER), options=options)
-    driver.set_page_load_timeout(60)
-    yield driver
-    driver.quit()
+    options.add_argument(f"--user-data-dir={scratch / 'profile'}")
+    service = Service(executable_path=DRIVER, env={**os.environ, "TMPDIR": str(scratch)})
+    driver = webdriver.Chrome(service=service, options=options)
+    try:
+        driver.set_page_load_timeout(60)
+        yield driver
+    finally:
+        driver.quit()
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
+    with headless_chromium(tmp_path_factory.mktemp("chromium"), "1100,1000") as driver:
+        yield driver
 
 
 def wait_for(condition, timeout: float = 30.0, what: str = "the page"):

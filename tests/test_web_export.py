@@ -43,7 +43,7 @@ if not NPM:
     pytest.skip("no npm: the web page test installs onnxruntime-web with npm (Debian: apt-get install npm)",
                 allow_module_level=True)  # fmt: skip
 
-from test_playground import screenshot, set_value, wait_for  # noqa: E402  (the same browser helpers)
+from test_playground import headless_chromium, screenshot, set_value, wait_for  # noqa: E402  (browser helpers)
 
 PROMPT = "JULIET:\n"
 # The default recipe's options at a small width: RoPE (a rolling window), SwiGLU, token shift, 3 heads.
@@ -102,19 +102,9 @@ class QuietHandler(http.server.SimpleHTTPRequestHandler):
 
 
 @pytest.fixture(scope="module")
-def browser():
-    from selenium import webdriver
-    from selenium.webdriver.chrome.options import Options
-    from selenium.webdriver.chrome.service import Service
-
-    options = Options()
-    options.binary_location = CHROMIUM
-    for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1100,900"):
-        options.add_argument(flag)
-    driver = webdriver.Chrome(service=Service(executable_path=DRIVER), options=options)
-    driver.set_page_load_timeout(60)
-    yield driver
-    driver.quit()
+def browser(tmp_path_factory):
+    with headless_chromium(tmp_path_factory.mktemp("chromium"), "1100,900") as driver:
+        yield driver
 
 
 def status(browser) -> str:
