@@ -3,7 +3,7 @@
     python scripts/bench_bf16.py            # prints the map
     python scripts/bench_bf16.py --record   # and appends it to docs/benchmarks.md
 
-Each cell is a forward and backward pass of the default recipe's model (configs/cpu.yaml: RoPE, SwiGLU, 4 layers) at
+Each cell is a forward and backward pass of the default recipe's model (configs/cpu.yaml: RoPE, SwiGLU, 3 layers) at
 that width, on random windows; float32 and bf16 alternate for each cell, median of --steps after two warm-up steps.
 float32 runs on the kernels a training run picks here (train.cpu_linear: auto; oneDNN's on an AMD CPU, since
 2026-11-23), so the map compares bf16 with the float32 a user would otherwise get.

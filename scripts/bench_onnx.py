@@ -8,7 +8,7 @@ with the export's time and folder size, then the web page's characters per secon
     python scripts/bench_onnx.py --runtime node_modules/onnxruntime-web/dist   # the page with this runtime copy
     python scripts/bench_onnx.py --record                          # and appends them to docs/benchmarks.md
 
-Models: configs/cpu.yaml's shape (4 layers x 96, 3 heads, context 128, RoPE, SwiGLU, token shift) and
+Models: configs/cpu.yaml's shape (3 layers x 96, 3 heads, context 128, RoPE, SwiGLU, token shift) and
 configs/gpu.yaml's (6 x 384, context 256), randomly initialised (torch.manual_seed(0)) over 65 characters, saved as
 checkpoints and exported with --web; or --model checkpoints. Each timed run samples --tokens new characters from a
 newline with seed 0 at temperature 1 (the same text through both runtimes, up to rounding); a warm-up of 20

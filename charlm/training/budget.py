@@ -10,11 +10,11 @@ with it Muon's weight decay, which lowered the loss of 10 minutes on tiny-shakes
 to keep 2,048 characters a step; a corpus too small to hold a window of it in each split gets a shorter one.
 Everything else is configs/cpu.yaml's recipe, which the row for 100 s reproduces exactly.
 
-Where the table comes from is docs/benchmarks.md ("Recipes for a time budget"): the default 4 x 96 recipe is the best
-measured at 100 s, and neither 5 layers nor 128 wide beat it there: a bigger model sees fewer characters in the time.
-So the depth stays 4 up to 5 minutes and grows after that as compute-optimal scaling has it (parameters as the square
-root of compute; depth x width^2 with width following depth: depth as compute's sixth root, 4 at 300 s). Every row
-but the 100 s one is that extrapolation until the study that docs/benchmarks.md describes replaces it.
+Where the table comes from is docs/benchmarks.md ("Recipes for a time budget"): the default 3 x 96 recipe is the best
+measured at 100 s, where 4 layers, 5 layers and 128 wide all did worse (a bigger model sees fewer characters in the
+time), and 3 layers still beat 4 at 140 s. From there the depth grows as compute-optimal scaling has it (parameters
+as the square root of compute; depth x width^2 with width following depth: depth as compute's sixth root, 4 at
+300 s). The rows past 100 s follow that rule; docs/benchmarks.md says which of them were measured beside what.
 
 Keys the user sets (with --set, a first-class option, or in a --config file other than the default's) win, and the
 header line says which were kept. The budget owns train.max_seconds (refused beside an explicit one) and turns the
@@ -56,8 +56,8 @@ class Row:
 # see little before them, and at 10 minutes on tiny-shakespeare 256 beat 128 at the same characters a step (at 100 s
 # it was no better).
 TABLE = (
-    Row(60.0, 3, 250, 128),
-    Row(300.0, 4, 250, 128),  # configs/cpu.yaml's model: measured best at 100 s, where bigger ones did worse
+    Row(150.0, 3, 250, 128),  # configs/cpu.yaml's model: measured best at 100 s and at 140 s, beside 4 layers
+    Row(300.0, 4, 250, 128),
     Row(1200.0, 5, 500, 256),  # from here on, depth = 4 x (budget / 300 s)^(1/6), rounded to these boundaries
     Row(3600.0, 6, 1000, 256),
     Row(9000.0, 7, 1000, 256),
@@ -67,8 +67,9 @@ CHARS_PER_STEP = 2048  # configs/cpu.yaml's 16 windows of 128 a forward pass, ke
 MIN_CONTEXT = 16  # the rule shortens its context for a tiny corpus no further; below it the run says what is wrong
 HEAD_SIZE = 32  # configs/cpu.yaml's heads: RoPE needs it even, and fewer, wider heads cost the CPU's attention less
 REFERENCE_WIDTH = 96  # the width whose learning rates configs/cpu.yaml tuned
-# Characters a second of the 4 x 96 default on a 2-core CPU (docs/training.md's run), for the epochs estimate only.
-REFERENCE_CHARS_PER_S = 31_000.0
+# Characters a second of configs/cpu.yaml's recipe 4 layers deep on a 2-core CPU, for the epochs estimate only (the
+# dropout rows below were drawn with it).
+REFERENCE_DEPTH, REFERENCE_CHARS_PER_S = 4, 31_000.0
 # Dropout by how many times the run would go over its training split: up to 4 epochs repeated text is nearly as good
 # as new (Muennighoff et al. 2023), so none; then some, as nanoGPT's Shakespeare recipe has (0.2).
 DROPOUT_BY_EPOCHS = ((4.0, 0.0), (16.0, 0.1), (math.inf, 0.2))
@@ -123,7 +124,7 @@ def training_seconds(seconds: float) -> float:
 def expected_epochs(seconds: float, depth: int, width: int, train_chars: int) -> float:
     """How many times a model this deep and wide would go over its training split in the budget: the default's
     speed, scaled by the matrices' work per character (depth x width^2)."""
-    reference = TABLE[1].depth * REFERENCE_WIDTH**2
+    reference = REFERENCE_DEPTH * REFERENCE_WIDTH**2
     chars = REFERENCE_CHARS_PER_S * training_seconds(seconds) * reference / (depth * width**2)
     return chars / max(train_chars, 1)
 
