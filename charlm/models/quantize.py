@@ -68,7 +68,7 @@ def for_decoding(module: AnyModule, precision: str) -> AnyModule:
 
     The output head stays float32: it is small (vocabulary x width), so int8 would save little reading, and its
     rounding lands directly on the logits that rank the next character (quantizing it lowers the next-character
-    agreement with float32 on the default model: docs/benchmarks.md). A mixture's routers stay
+    agreement with float32 on a 4 x 96 model: docs/benchmarks.md). A mixture's routers stay
     float32 for the same reason: they rank experts as the head ranks characters."""
     if precision not in PRECISIONS:
         raise UsageError(f"--precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")

@@ -122,8 +122,8 @@ def training_seconds(seconds: float) -> float:
 
 
 def expected_epochs(seconds: float, depth: int, width: int, train_chars: int) -> float:
-    """How many times a model this deep and wide would go over its training split in the budget: the default's
-    speed, scaled by the matrices' work per character (depth x width^2)."""
+    """How many times a model this deep and wide would go over its training split in the budget: the reference
+    model's speed, scaled by the matrices' work per character (depth x width^2)."""
     reference = REFERENCE_DEPTH * REFERENCE_WIDTH**2
     chars = REFERENCE_CHARS_PER_S * training_seconds(seconds) * reference / (depth * width**2)
     return chars / max(train_chars, 1)
