@@ -10,11 +10,12 @@ with it Muon's weight decay, which lowered the loss of 10 minutes on tiny-shakes
 to keep 2,048 characters a step; a corpus too small to hold a window of it in each split gets a shorter one.
 Everything else is configs/cpu.yaml's recipe, which the row for 100 s reproduces exactly.
 
-Where the table comes from is docs/benchmarks.md ("Recipes for a time budget"): the default 3 x 96 recipe is the best
-measured at 100 s, where 4 layers, 5 layers and 128 wide all did worse (a bigger model sees fewer characters in the
-time), and 3 layers still beat 4 at 140 s. From there the depth grows as compute-optimal scaling has it (parameters
-as the square root of compute; depth x width^2 with width following depth: depth as compute's sixth root, 4 at
-300 s). The rows past 100 s follow that rule; docs/benchmarks.md says which of them were measured beside what.
+Where the table comes from is docs/benchmarks.md ("Recipes for a time budget"): the default 3 x 96 recipe is the
+best measured at 100 s (2 layers came out level), where 4 layers, 5 layers and 128 wide all did worse (a bigger
+model sees fewer characters in the time), and 3 layers still beat 4 at 140 s. From there the depth grows as
+compute-optimal scaling has it (parameters as the square root of compute; depth x width^2 with width following
+depth: depth as compute's sixth root, 4 at 300 s). The rows past 100 s follow that rule; docs/benchmarks.md says
+which of them were measured beside what.
 
 Keys the user sets (with --set, a first-class option, or in a --config file other than the default's) win, and the
 header line says which were kept. The budget owns train.max_seconds (refused beside an explicit one) and turns the
