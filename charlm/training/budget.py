@@ -2,13 +2,13 @@
 
 The rule is one dial, as nanochat has one (its depth sets width, batch and learning rates): the budget sets the depth,
 the depth sets the width (24 per layer, rounded up to whole heads of 32) and the learning rates (AdamW-sized rates
-scaled by 1/sqrt(width), nanochat's rule), and the corpus's size sets the regularisation (how many times the run
-would go over its training split): dropout, kept out of the attention weights (there it costs a CPU the fused
-attention kernel, and at 10 minutes on tiny-shakespeare the residual stream's alone did better in the same time), and
-with it Muon's weight decay, which lowered the loss of 10 minutes on tiny-shakespeare on each of three seeds
-(docs/benchmarks.md, "Recipes for a time budget"). Over 5 minutes the context is 256 instead of 128, the batch halved
-to keep 2,048 characters a step; a corpus too small to hold a window of it in each split gets a shorter one.
-Everything else is configs/cpu.yaml's recipe, which the row for 100 s reproduces exactly.
+scaled by 1/sqrt(width), nanochat's rule), and the compute per training character sets the regularisation (how many
+times the 4 x 96 reference model would go over the training split in the budget): dropout, kept out of the attention
+weights (there it costs a CPU the fused attention kernel, and at 10 minutes on tiny-shakespeare the residual stream's
+alone did better in the same time), and with it Muon's weight decay, which lowered the loss of 10 minutes on
+tiny-shakespeare on each of three seeds (docs/benchmarks.md, "Recipes for a time budget"). Over 5 minutes the context is
+256 instead of 128, the batch halved to keep 2,048 characters a step; a corpus too small to hold a window of it in each
+split gets a shorter one. Everything else is configs/cpu.yaml's recipe, which the row for 100 s reproduces exactly.
 
 Where the table comes from is docs/benchmarks.md ("Recipes for a time budget"): the default 3 x 96 recipe is the
 best measured at 100 s (2 layers came out level), where 4 layers, 5 layers and 128 wide all did worse (a bigger
@@ -68,12 +68,15 @@ CHARS_PER_STEP = 2048  # configs/cpu.yaml's 16 windows of 128 a forward pass, ke
 MIN_CONTEXT = 16  # the rule shortens its context for a tiny corpus no further; below it the run says what is wrong
 HEAD_SIZE = 32  # configs/cpu.yaml's heads: RoPE needs it even, and fewer, wider heads cost the CPU's attention less
 REFERENCE_WIDTH = 96  # the width whose learning rates configs/cpu.yaml tuned
-# Characters a second of configs/cpu.yaml's recipe 4 layers deep on a 2-core CPU, for the epochs estimate only (the
+# Characters a second of configs/cpu.yaml's recipe 4 layers deep on a 2-core CPU, for the epochs estimates only (the
 # dropout rows below were drawn with it).
 REFERENCE_DEPTH, REFERENCE_CHARS_PER_S = 4, 31_000.0
-# Dropout by how many times the run would go over its training split: up to 4 epochs repeated text is nearly as good
-# as new (Muennighoff et al. 2023), so none; then some, as nanoGPT's Shakespeare recipe has (0.2).
-DROPOUT_BY_EPOCHS = ((4.0, 0.0), (16.0, 0.1), (math.inf, 0.2))
+# Dropout by the compute the budget holds per training character: how many times that 4 x 96 reference model would go
+# over the training split. The rule's model grows with the budget, so the figure counts both how often the text comes
+# round and how big a model meets it. None up to 12 (on tiny-shakespeare 2 minutes, 3.5 by it, and 5 minutes, 8.6,
+# did better without: docs/benchmarks.md), 0.1 up to 64 (10 minutes, 17, did better with it), then 0.2 as nanoGPT's
+# Shakespeare recipe has (an hour, 109).
+DROPOUT_BY_REFERENCE_EPOCHS = ((12.0, 0.0), (64.0, 0.1), (math.inf, 0.2))
 # Muon's decoupled weight decay wherever there is dropout: 0.1 beat none on each of three seeds at 10 minutes on
 # tiny-shakespeare, and 0.2 was no better than 0.1 (docs/benchmarks.md).
 MUON_WEIGHT_DECAY = 0.1
@@ -122,12 +125,15 @@ def training_seconds(seconds: float) -> float:
     return round(seconds - min(seconds * RESERVE_FRACTION, RESERVE_MAX_S), 1)
 
 
+def reference_epochs(seconds: float, train_chars: int) -> float:
+    """How many times the 4 x 96 reference model would go over a training split of this size in the budget."""
+    return REFERENCE_CHARS_PER_S * training_seconds(seconds) / max(train_chars, 1)
+
+
 def expected_epochs(seconds: float, depth: int, width: int, train_chars: int) -> float:
     """How many times a model this deep and wide would go over its training split in the budget: the reference
     model's speed, scaled by the matrices' work per character (depth x width^2)."""
-    reference = REFERENCE_DEPTH * REFERENCE_WIDTH**2
-    chars = REFERENCE_CHARS_PER_S * training_seconds(seconds) * reference / (depth * width**2)
-    return chars / max(train_chars, 1)
+    return reference_epochs(seconds, train_chars) * REFERENCE_DEPTH * REFERENCE_WIDTH**2 / (depth * width**2)
 
 
 def _sig2(x: float) -> float:
@@ -138,16 +144,14 @@ def recipe_for(
     seconds: float, train_chars: int, kept: dict[str, Any] | None = None, val_chars: int | None = None
 ) -> dict[str, Any]:
     """Every key the rule sets for this budget and a training split of this many characters; `kept` holds the
-    user's own keys: model.n_layer and model.n_embd for the dropout to follow the model that will train, and
-    model.block_size for the batch to keep CHARS_PER_STEP characters a step. `val_chars`, the validation split's
-    size, shortens the context where that split could not hold one window of the row's."""
+    user's own keys: model.block_size, for the batch to keep CHARS_PER_STEP characters a step. `val_chars`, the
+    validation split's size, shortens the context where that split could not hold one window of the row's."""
     kept = kept or {}
     row = row_for(seconds)
     context = kept.get("model.block_size", context_for(row, min(train_chars, val_chars or train_chars)))
     width = width_for(row.depth)
     scale = math.sqrt(REFERENCE_WIDTH / width)
-    depth_run, width_run = kept.get("model.n_layer", row.depth), kept.get("model.n_embd", width)
-    dropout = dropout_for(expected_epochs(seconds, depth_run, width_run, train_chars))
+    dropout = dropout_for(reference_epochs(seconds, train_chars))
     return {
         **FIXED,
         "model.n_layer": row.depth,
@@ -176,8 +180,8 @@ def context_for(row: Row, shortest_split: int) -> int:
     return context
 
 
-def dropout_for(epochs: float) -> float:
-    return next(p for limit, p in DROPOUT_BY_EPOCHS if epochs <= limit)
+def dropout_for(epochs_of_reference: float) -> float:
+    return next(p for limit, p in DROPOUT_BY_REFERENCE_EPOCHS if epochs_of_reference <= limit)
 
 
 def split_characters(config: Config) -> tuple[int, int]:
@@ -236,7 +240,8 @@ class BudgetRequest:
         return (
             f"budget {self.text}: {t.max_seconds:g} s of training; for {limit} (charlm/training/budget.py) "
             f"{layers} x {m.n_embd} wide, {m.n_head} heads, {context} x batch {t.batch_size}, dropout "
-            f"{m.dropout:g}{outside}{decay} (~{epochs:.0f} epochs of {chars:,} training characters), lr {t.lr:.2g}, "
+            f"{m.dropout:g}{outside}{decay} (~{epochs:.0f} epochs of {chars:,} training characters; dropout by the "
+            f"4 x 96 reference's ~{reference_epochs(self.seconds, chars):.0f}), lr {t.lr:.2g}, "
             f"evaluations every {t.eval_interval} steps{yours}"
         )
 
