@@ -161,6 +161,10 @@ def test_a_dropout_of_the_users_own_keeps_its_reach(tmp_path, corpus):
     run_cli("train", *args, "--out-dir", tmp_path / "mine", "--set", "model.dropout=0.3", check=True)
     mine = load_config(tmp_path / "mine" / "config.yaml").model
     assert (mine.dropout, mine.attention_dropout) == (0.3, None)
+    both = ["--set", "model.dropout=0.1", "--set", "model.attention_dropout=0"]  # both the user's: both kept
+    run_cli("train", *args, "--out-dir", tmp_path / "both", *both, check=True)
+    both_kept = load_config(tmp_path / "both" / "config.yaml").model
+    assert (both_kept.dropout, both_kept.attention_dropout) == (0.1, 0.0)
     run_cli("train", *args, "--out-dir", tmp_path / "rule", check=True)
     rule = load_config(tmp_path / "rule" / "config.yaml").model
     assert rule.dropout > 0 and rule.attention_dropout == 0.0

@@ -217,7 +217,7 @@ class BudgetRequest:
         recipe = recipe_for(self.seconds, chars, kept, val_chars)
         chosen = {k: v for k, v in recipe.items() if k not in self.user_keys}
         if "model.dropout" in self.user_keys:  # a dropout of the user's own keeps its own reach
-            chosen.pop("model.attention_dropout")
+            chosen.pop("model.attention_dropout", None)  # unless the user set that too
         options = {**self.options, **{k: ("--budget", v) for k, v in chosen.items()}}
         config = cfg.load_config(self.config_file or cfg.DEFAULT_CONFIG, self.sets, options)
         say(self.describe(config, (chars, val_chars), sorted(k for k in recipe if k in self.user_keys)))
