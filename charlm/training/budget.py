@@ -215,9 +215,10 @@ class BudgetRequest:
         chars, val_chars = split_characters(base)
         kept = {k: v for k, v in base.flat().items() if k in self.user_keys}
         recipe = recipe_for(self.seconds, chars, kept, val_chars)
-        chosen = {k: v for k, v in recipe.items() if k not in self.user_keys}
-        if "model.dropout" in self.user_keys:  # a dropout of the user's own keeps its own reach
-            chosen.pop("model.attention_dropout", None)  # unless the user set that too
+        theirs = set(self.user_keys)
+        if "model.dropout" in theirs:  # a dropout of the user's own keeps its own reach
+            theirs.add("model.attention_dropout")
+        chosen = {k: v for k, v in recipe.items() if k not in theirs}
         options = {**self.options, **{k: ("--budget", v) for k, v in chosen.items()}}
         config = cfg.load_config(self.config_file or cfg.DEFAULT_CONFIG, self.sets, options)
         say(self.describe(config, (chars, val_chars), sorted(k for k in recipe if k in self.user_keys)))
@@ -241,8 +242,8 @@ class BudgetRequest:
             f"budget {self.text}: {t.max_seconds:g} s of training; for {limit} (charlm/training/budget.py) "
             f"{layers} x {m.n_embd} wide, {m.n_head} heads, {context} x batch {t.batch_size}, dropout "
             f"{m.dropout:g}{outside}{decay} (~{epochs:.0f} epochs of {chars:,} training characters; dropout by the "
-            f"4 x 96 reference's ~{reference_epochs(self.seconds, chars):.0f}), lr {t.lr:.2g}, "
-            f"evaluations every {t.eval_interval} steps{yours}"
+            f"{REFERENCE_DEPTH} x {REFERENCE_WIDTH} reference's ~{reference_epochs(self.seconds, chars):.0f}), "
+            f"lr {t.lr:.2g}, evaluations every {t.eval_interval} steps{yours}"
         )
 
 
