@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +38,36 @@ def remove_stale_temps(path: Path) -> list[Path]:
             stale.unlink()
             removed.append(stale)
     return removed
+
+
+def folder_beside(target: Path) -> Path:
+    """A new empty temp folder beside `target`, readable by others as mkdir would make it (not mkdtemp's 0700): a
+    folder written whole there, then renamed into place with replace_folder."""
+    target = Path(os.path.abspath(target))  # "." has no name to take one beside it
+    target.parent.mkdir(parents=True, exist_ok=True)
+    temp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp"))
+    umask = os.umask(0o022)
+    os.umask(umask)
+    temp.chmod(0o777 & ~umask)
+    return temp
+
+
+def replace_folder(temp: Path, target: Path) -> None:
+    """The finished folder `temp` renamed to `target`; an old `target` is renamed aside first, and removed only once
+    the new one is in place (put back if the rename fails)."""
+    target = Path(os.path.abspath(target))
+    old = None
+    if target.exists():
+        old = target.with_name(f".{target.name}.{time.time_ns()}.old")
+        target.rename(old)
+    try:
+        temp.rename(target)
+    except OSError:
+        if old is not None:
+            old.rename(target)
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def _fsync_dir(folder: Path) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 from pathlib import Path
 
 import pytest
@@ -208,21 +209,39 @@ def test_what_cannot_be_exported_is_refused_in_one_line(tmp_path, corpus, tiny_c
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp folder left behind
 
 
-def test_a_folder_that_holds_anything_is_replaced_only_with_overwrite(tmp_path, tiny_checkpoint):
-    ckpt = tiny_checkpoint
-    target = tmp_path / "out"
+def test_overwrite_replaces_an_earlier_export_whole_and_nothing_else(tmp_path, tiny_checkpoint, monkeypatch):
+    """A folder with anything in it needs --overwrite, which replaces only an earlier export (either format, none of
+    its files left behind): never a folder of the user's files, a run folder, or the current folder."""
+    run = tmp_path / "run"  # a run folder of this test's own: a wrong --overwrite must have nothing shared to delete
+    shutil.copytree(tiny_checkpoint.parent, run)
+    ckpt, target = run / "best.pt", tmp_path / "out"
     target.mkdir()
     (target / "notes.txt").write_text("mine")
     for args in (("--format", "onnx"), ("--web",), ()):
         assert_one_line_error(run_cli("export", ckpt, target, *args), 2, "not empty", "--overwrite")
-    assert (target / "notes.txt").read_text() == "mine"
-    run_cli("export", ckpt, target, "--web", "--overwrite", check=True)  # the page, with the public runtime
+        result = run_cli("export", ckpt, target, *args, "--overwrite")
+        assert_one_line_error(result, 2, "not a charlm export", "another DIR")
+    run_files = sorted(p.name for p in run.iterdir())
+    for args in (("--format", "onnx"), ()):  # the checkpoint's own run folder
+        assert_one_line_error(run_cli("export", ckpt, run, *args, "--overwrite"), 2, "not a charlm export")
+    assert sorted(p.name for p in run.iterdir()) == run_files
+    monkeypatch.chdir(target)
+    for here in (".", "..", "../out/../out"):
+        assert_one_line_error(run_cli("export", ckpt, here, "--overwrite"), 2, "current folder")
+    monkeypatch.chdir(tmp_path)
+    assert sorted(p.name for p in target.iterdir()) == ["notes.txt"]
+    exported = tmp_path / "exported"
+    run_cli("export", ckpt, exported, check=True)
+    run_cli("export", ckpt, exported, "--web", "--overwrite", check=True)  # the page, with the public runtime
     files = ["README.md", "charlm-web.css", "charlm-web.js", "config.json", "index.html", "model.onnx", "vocab.json"]
-    assert sorted(p.name for p in target.iterdir()) == files
-    assert f'src="{CDN}ort.wasm.min.js"' in (target / "index.html").read_text()
-    (tmp_path / "empty").mkdir()  # an empty folder is taken (an ONNX export moves it aside as it does an old one)
+    assert sorted(p.name for p in exported.iterdir()) == files  # no model.safetensors left beside the graphs
+    assert f'src="{CDN}ort.wasm.min.js"' in (exported / "index.html").read_text()
+    run_cli("export", ckpt, exported, "--overwrite", check=True)
+    assert sorted(p.name for p in exported.iterdir()) == ["README.md", "config.json", "model.safetensors", "vocab.json"]
+    (tmp_path / "empty").mkdir()  # an empty folder is taken, moved aside as an old export is
     run_cli("export", ckpt, tmp_path / "empty", check=True)
     assert (tmp_path / "empty" / "model.safetensors").is_file()
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp or old folder left
 
 
 def test_runtime_flags_are_checked_before_any_work(tmp_path, tiny_checkpoint):

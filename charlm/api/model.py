@@ -286,13 +286,13 @@ def export(
         raise UsageError(f"--format must be one of safetensors, {', '.join(EXPORT_FORMATS)}; got {format!r}")
     if runtime is not None:
         raise UsageError("--runtime bundles onnxruntime-web with a web page: add --web")
-    from charlm.storage.export import FILES, write_export
-    from charlm.storage.onnx_export import check_target
+    from charlm.storage.export import FILES, check_target, write_export
 
-    check_target(Path(out_dir), overwrite)
+    out = Path(out_dir)
+    check_target(out, overwrite)
     ckpt = load_model_file(checkpoint)
     model = Model.from_checkpoint(ckpt, "cpu")
-    return write_export(ckpt, Path(out_dir), model.family.card(model, ckpt.step, Path(out_dir), FILES))
+    return write_export(ckpt, out, model.family.card(model, ckpt.step, out, FILES))
 
 
 def train(

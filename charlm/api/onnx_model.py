@@ -124,12 +124,13 @@ def export_onnx(
 ) -> Written:  # fmt: skip
     """The ONNX export (charlm.storage.onnx_export), checked against the torch model before it is written: what
     was written, the largest logit difference and the greedy comparison."""
-    from charlm.storage.onnx_export import ONNX_FILES, check_target, write_onnx_export
+    from charlm.storage.export import check_target
+    from charlm.storage.onnx_export import ONNX_FILES, write_onnx_export
     from charlm.storage.web_export import WEB_NOTE, check_runtime, write_page
 
-    out = Path(out_dir)
     if runtime is not None and not web:
         raise UsageError("--runtime bundles onnxruntime-web with a web page: add --web")
+    out = Path(out_dir)
     check_target(out, overwrite)
     bundled = check_runtime(Path(runtime)) if runtime is not None else None
     ckpt = load_model_file(checkpoint)

@@ -5,13 +5,15 @@ README.md model card. `charlm sample/eval/info DIR` and `charlm.load(DIR)` read 
 from __future__ import annotations
 
 import json
+import os
+import shutil
 from pathlib import Path
 from typing import Any
 
 from charlm.config.schema import config_from_dict
 from charlm.data.tokenizer import tokenizer_from_json
 from charlm.errors import UsageError
-from charlm.files import atomic_write
+from charlm.files import folder_beside, replace_folder
 from charlm.storage.checkpoint import Checkpoint
 from charlm.version import __version__
 
@@ -35,13 +37,48 @@ def is_export(path: Path) -> bool:
     return path.is_dir() and (path / WEIGHTS).is_file()
 
 
-def write_export(ckpt: Checkpoint, out_dir: Path, card: str) -> list[Path]:
-    """Write the four files (each atomically); returns their paths."""
-    st = _safetensors()
+def check_target(out_dir: str | Path, overwrite: bool) -> None:
+    """Refuse in one line (nothing written) where an export may not go: a file; the current folder or one above it;
+    a folder with anything in it, without --overwrite; with it, a folder that is not an earlier export (a run folder,
+    a project: --overwrite replaces an export, never the user's other files)."""
+    out = Path(os.path.abspath(out_dir))  # "." and "a/.." named as the folders they are
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"{out_dir} is a file, not a folder: choose another DIR")
+    here = Path.cwd()
+    if out == here or out in here.parents:  # renamed away under the shell that stands in it
+        raise UsageError(f"{out_dir} is the current folder or holds it: export into a folder below it")
+    if not out.is_dir() or not any(out.iterdir()):
+        return
+    if not overwrite:
+        raise UsageError(f"{out_dir} exists and is not empty: choose another DIR, or add --overwrite to replace it")
+    if not _written_by_export(out):
+        raise UsageError(
+            f"{out_dir} holds files that are not a charlm export (--overwrite replaces only an earlier export, "
+            "never a run folder or other files): choose another DIR"
+        )
+
+
+def _written_by_export(folder: Path) -> bool:
+    """An export's folder, safetensors or ONNX: its config.json names a charlm export format."""
     try:
-        out_dir.mkdir(parents=True, exist_ok=True)
+        raw = json.loads((folder / CONFIG).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(raw, dict) and str(raw.get("format", "")).startswith("charlm-")
+
+
+def export_folder(out_dir: Path) -> Path:
+    """A temp folder beside DIR to write the export into, renamed into place (replace_folder) once complete."""
+    try:
+        return folder_beside(out_dir)
     except OSError as e:
         raise UsageError(f"cannot create export folder {out_dir}: {e.strerror}") from None
+
+
+def write_export(ckpt: Checkpoint, out_dir: Path, card: str) -> list[Path]:
+    """Write the four files into a temp folder beside out_dir, then rename it into place (an earlier export there,
+    refused by check_target unless --overwrite, is replaced whole); returns their paths."""
+    st = _safetensors()
     # Clones: a tied head shares the embedding's storage, which safetensors refuses to write twice.
     weights = {k: v.detach().to("cpu").clone().contiguous() for k, v in ckpt.state["model"].items()}
     meta = {"format": EXPORT_FORMAT, "charlm_version": __version__, "step": str(ckpt.step)}
@@ -58,8 +95,14 @@ def write_export(ckpt: Checkpoint, out_dir: Path, card: str) -> list[Path]:
         VOCAB: (ckpt.tokenizer.to_json() + "\n").encode(),
         CARD: card.encode(),
     }
-    for name, data in files.items():
-        atomic_write(out_dir / name, lambda f, data=data: f.write(data))
+    temp = export_folder(out_dir)
+    try:
+        for name, data in files.items():
+            (temp / name).write_bytes(data)
+        replace_folder(temp, out_dir)
+    except BaseException:
+        shutil.rmtree(temp, ignore_errors=True)
+        raise
     return [out_dir / name for name in files]
 
 

@@ -8,9 +8,7 @@ import contextlib
 import io
 import json
 import logging
-import os
 import shutil
-import tempfile
 import time
 import warnings
 from collections.abc import Callable
@@ -25,10 +23,11 @@ from charlm.data.tokenizer import Tokenizer, tokenizer_from_json
 from charlm.decoding.stepped import RuntimeCheck
 from charlm.errors import UsageError, WorkError
 from charlm.families.base import Family, Loaded
+from charlm.files import replace_folder
 from charlm.models.decoder import decoder_reach, relative_positions
 from charlm.models.onnx_graphs import Graph
 from charlm.storage.checkpoint import Checkpoint
-from charlm.storage.export import CONFIG, VOCAB, data_name
+from charlm.storage.export import CONFIG, VOCAB, check_target, data_name, export_folder
 from charlm.storage.onnx_runtime import ONNX_HINT, OnnxRuntime
 from charlm.version import __version__
 
@@ -64,14 +63,6 @@ def is_onnx_export(path: Path) -> bool:
     except (OSError, ValueError):
         return False
     return isinstance(raw, dict) and raw.get("format") == ONNX_FORMAT
-
-
-def check_target(out_dir: Path, overwrite: bool) -> None:
-    """Refuse a DIR that is a file, or a folder with anything in it unless --overwrite (nothing is written here)."""
-    if out_dir.exists() and not out_dir.is_dir():
-        raise UsageError(f"{out_dir} is a file, not a folder: choose another DIR")
-    if out_dir.is_dir() and any(out_dir.iterdir()) and not overwrite:
-        raise UsageError(f"{out_dir} exists and is not empty: choose another DIR, or add --overwrite to replace it")
 
 
 def onnx_modules() -> None:
@@ -139,14 +130,7 @@ def write_onnx_export(
             "each expert a number of rows known only at run time); use --format safetensors"
         )
     graphs = family.onnx_graphs(loaded.module)  # a family refuses, in one line, what it cannot export
-    try:
-        out_dir.parent.mkdir(parents=True, exist_ok=True)
-        temp = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.", suffix=".tmp"))
-        umask = os.umask(0o022)
-        os.umask(umask)
-        temp.chmod(0o777 & ~umask)  # a folder others may read (a web host), as mkdir would make it, not mkdtemp's 0700
-    except OSError as e:
-        raise UsageError(f"cannot create export folder {out_dir}: {e.strerror}") from None
+    temp = export_folder(out_dir)  # others may read it (a web host)
     try:
         started = time.perf_counter()
         for graph in graphs:
@@ -164,7 +148,7 @@ def write_onnx_export(
         _write_files(temp, ckpt, graphs, check, card())
         if extra is not None:
             extra(temp)
-        _move_into_place(temp, out_dir)
+        replace_folder(temp, out_dir)
     except BaseException:
         shutil.rmtree(temp, ignore_errors=True)
         raise
@@ -190,22 +174,6 @@ def _write_files(folder: Path, ckpt: Checkpoint, graphs: list[Graph], check: Run
     (folder / CONFIG).write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     (folder / VOCAB).write_text(ckpt.tokenizer.to_json() + "\n", encoding="utf-8")
     (folder / "README.md").write_text(card, encoding="utf-8")
-
-
-def _move_into_place(temp: Path, out_dir: Path) -> None:
-    """The finished folder renamed to DIR; an old DIR (empty, or --overwrite) is renamed aside first, then removed."""
-    old = None
-    if out_dir.exists():
-        old = out_dir.with_name(f".{out_dir.name}.{time.time_ns()}.old")
-        out_dir.rename(old)
-    try:
-        temp.rename(out_dir)
-    except OSError:
-        if old is not None:
-            old.rename(out_dir)
-        raise
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
 
 
 def read_onnx_export(folder: Path, threads: int = 0) -> OnnxExport:
