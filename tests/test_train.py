@@ -98,7 +98,17 @@ def test_an_existing_run_is_not_overwritten_by_accident(tmp_path, corpus):
     result = run_cli(*train_cli(corpus, tmp_path / "r", steps=10))
     assert_one_line_error(result, 2, "--resume", "--overwrite")
     assert (tmp_path / "r" / "best.pt").read_bytes() == before
+    # --overwrite with what cannot run (a model, a batch too big for any memory): one line, and the old run whole,
+    # since its files go only once the new run has trained a step
+    files = {p.name: p.read_bytes() for p in (tmp_path / "r").iterdir()}
+    too_big = (["model.n_embd=1000000", "model.n_head=1"], "model.n_embd"), (["train.batch_size=100000000000"], "batch")
+    for sets, named in too_big:
+        result = run_cli(*train_cli(corpus, tmp_path / "r", steps=10, overwrite=True, quiet=True, sets=sets))
+        assert_one_line_error(result, 2, "not enough memory", named)
+        assert {p.name: p.read_bytes() for p in (tmp_path / "r").iterdir()} == files
     run_cli(*train_cli(corpus, tmp_path / "r", steps=10, overwrite=True), check=True)
+    assert (tmp_path / "r" / "best.pt").read_bytes() != before
+    assert [m["step"] for m in _metrics(tmp_path / "r")] == [10]  # the old run's records went with it
 
 
 def test_checkpoint_round_trip_reproduces_logits_exactly(tmp_path):

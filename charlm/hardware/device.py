@@ -147,3 +147,10 @@ def set_rng_state(state: dict) -> None:
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def out_of_memory(error: BaseException) -> bool:
+    """An allocation the device could not make: CUDA's OutOfMemoryError, or the CPU allocator's RuntimeError."""
+    if isinstance(error, torch.OutOfMemoryError):
+        return True
+    return isinstance(error, RuntimeError) and "can't allocate memory" in str(error)

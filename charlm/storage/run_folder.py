@@ -33,16 +33,15 @@ def check_out_dir(out_dir: Path, resume: bool, overwrite: bool) -> list[str]:
     return existing
 
 
-def make_out_dir(out_dir: Path, replaced: list[str]) -> None:
-    """Create the run folder and prove it writable; remove the files of a run being overwritten; drop stale temps."""
+def make_out_dir(out_dir: Path) -> None:
+    """Create the run folder and prove it writable; drop stale temps (an overwritten run's files go at its first
+    step: RunFolder.begin)."""
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
         atomic_write(out_dir / ".write-test", lambda f: f.write(b"ok"))
         (out_dir / ".write-test").unlink()
     except OSError as e:
         raise UsageError(f"cannot write to --out-dir {out_dir}: {e.strerror}; choose a writable folder") from None
-    for name in replaced:
-        (out_dir / name).unlink()
     for name in (*RUN_FILES, ".write-test"):  # any file written atomically here may have a temp left by a kill
         remove_stale_temps(out_dir / name)
 
@@ -51,9 +50,20 @@ class RunFolder:
     """Where the loop's checkpoints go. config.yaml is written with the first of them, so that a run stopped before
     its first step leaves nothing behind; ranks other than 0 write nothing."""
 
-    def __init__(self, path: Path, config: Config, tokenizer: Tokenizer, writes: bool = True):
+    def __init__(
+        self, path: Path, config: Config, tokenizer: Tokenizer, writes: bool = True, replaced: list[str] | None = None
+    ):
         self.path, self.config, self.tokenizer, self.writes = path, config, tokenizer, writes
         self.config_written = False
+        self.replaced = list(replaced or [])  # an overwritten run's files, kept until this run has trained a step
+
+    def begin(self) -> None:
+        """Remove the overwritten run's files: once, before this run writes its first record or checkpoint, so that
+        a run that fails or is stopped before its first step leaves the old one whole."""
+        if self.writes:
+            for name in self.replaced:
+                (self.path / name).unlink(missing_ok=True)
+        self.replaced = []
 
     def save(self, name: str, model: nn.Module, state: RunState, parts: dict[str, Any]) -> Path:
         target = self.path / name

@@ -23,7 +23,14 @@ from charlm.config.schema import Config
 from charlm.errors import CharlmError, Interrupted, UsageError, WorkError
 from charlm.families.base import AnyCorpus
 from charlm.families.registry import family_for
-from charlm.hardware.device import precision_name, rng_state, seed_everything, set_rng_state, should_compile
+from charlm.hardware.device import (
+    out_of_memory,
+    precision_name,
+    rng_state,
+    seed_everything,
+    set_rng_state,
+    should_compile,
+)
 from charlm.hardware.distributed import Dist
 from charlm.models.linear import onednn_linears, use_onednn
 from charlm.progress import TrainReporter
@@ -200,11 +207,21 @@ class Trainer:
     def _timed_step(self, first: bool) -> torch.Tensor:
         s = self.state
         t0 = time.perf_counter()
-        loss = self._first_step() if first else self._optimizer_step()
+        try:
+            loss = self._first_step() if first else self._optimizer_step()
+        except RuntimeError as e:
+            if not (first and out_of_memory(e)):
+                raise
+            b, t = self.config.train.batch_size, self.config.model.block_size
+            raise UsageError(
+                f"not enough memory on {self.device} for a step of {b:,} windows x {t:,} characters: choose a "
+                "smaller train.batch_size (train.grad_accum keeps the batch) or model.block_size"
+            ) from None
         dt = time.perf_counter() - t0
         if self.stop.requested is not None and first:  # a stop asked for while the first step ran: nothing to keep
             raise self._stopped_before_training()
         self.stop.arm()
+        self.folder.begin()  # trained: the run being overwritten goes now, not before
         per_step_tokens = self.step_tokens * self.dist.world_size  # pairs: rank 0's count stands for each rank's
         s.step += 1
         s.tokens += per_step_tokens
@@ -244,6 +261,7 @@ class Trainer:
         should end the run."""
         t0 = time.perf_counter()
         tc, s = self.config.train, self.state
+        self.folder.begin()  # train.eval_at_start writes before any step
         # With train.ema_decay the average is the model the run hands over (best.pt, the final pass), so it is the
         # one scored and chosen; the training weights go on from where they were.
         with self.average.in_model() if self.average is not None else contextlib.nullcontext():

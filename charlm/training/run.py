@@ -20,7 +20,7 @@ from charlm.data.lines import LineCorpus
 from charlm.data.pairs import PairCorpus
 from charlm.errors import UsageError
 from charlm.families.registry import build_model
-from charlm.hardware.device import configure_backends, pick_device, precision_words, seed_everything
+from charlm.hardware.device import configure_backends, out_of_memory, pick_device, precision_words, seed_everything
 from charlm.hardware.distributed import Dist, setup, teardown
 from charlm.models.linear import linear_words
 from charlm.progress import TrainReporter
@@ -308,19 +308,28 @@ def _build(
             )
     dist.barrier()  # every rank has checked the run folder before rank 0 writes to it
     if dist.is_main:
-        make_out_dir(out_dir, replaced)
+        make_out_dir(out_dir)
 
     configure_backends(device)
     seed_everything(config.train.seed)  # identical initial weights on every rank
-    if ckpt is not None:
-        model = ckpt.build_model(device)
-    elif source is not None:
-        model = init_model(source, config, corpus.tokenizer.vocab_size, device)
-        reporter.info(f"starting from the weights of {source.path} (fresh optimizer and schedule)")
-    else:
-        model = build_model(config.model, corpus.tokenizer.vocab_size).to(device)
+    try:
+        if ckpt is not None:
+            model = ckpt.build_model(device)
+        elif source is not None:
+            model = init_model(source, config, corpus.tokenizer.vocab_size, device)
+            reporter.info(f"starting from the weights of {source.path} (fresh optimizer and schedule)")
+        else:
+            model = build_model(config.model, corpus.tokenizer.vocab_size).to(device)
+    except RuntimeError as e:
+        if not out_of_memory(e):
+            raise
+        m = config.model
+        raise UsageError(
+            f"not enough memory on {device} for a model of {m.n_layer} layers x {m.n_embd} wide: choose a smaller "
+            "model.n_layer or model.n_embd"
+        ) from None
     seed_everything(seed_for_rank(config.train.seed, dist.rank))  # then each rank its own dropout stream
-    folder = RunFolder(out_dir, config, corpus.tokenizer, writes=dist.is_main)
+    folder = RunFolder(out_dir, config, corpus.tokenizer, writes=dist.is_main, replaced=replaced)
     trainer = Trainer(config, model, corpus, device, folder, reporter, stop, dist, started)
     if ckpt:
         trainer.resume(*ckpt.resume_state(), ckpt.path)
