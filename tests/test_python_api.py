@@ -44,6 +44,17 @@ def test_load_generate_matches_the_command_line(tiny_checkpoint):
     assert text.startswith("JULIET:") and cli.stdout == text + "\n"
 
 
+def test_a_limit_far_beyond_the_text_decoded_costs_only_what_is_decoded(tiny_checkpoint):
+    """The buffer of ids grows with the text (doubling past its first 4,096 places), so that a limit meant as "until
+    the stop string" needs no memory for the characters never decoded."""
+    model = charlm.load(tiny_checkpoint)
+    short = model.generate("a", max_new_tokens=100, temperature=0)
+    long = model.generate("a", max_new_tokens=4200, temperature=0)  # past the first buffer
+    assert len(long) == 4201 and long.startswith(short)
+    stopped = model.generate("a", max_new_tokens=10**12, stop=[" "], seed=1)
+    assert 1 <= len(stopped) < 1000 and " " not in stopped
+
+
 def test_evaluate_matches_charlm_eval(tiny_checkpoint):
     import json
 
@@ -60,6 +71,10 @@ def test_errors_are_the_cli_errors_and_importable_from_charlm(tiny_checkpoint):
         model.generate("café")
     with pytest.raises(charlm.UsageError, match="top_p must be between 0 and 1"):  # named as the argument is
         model.generate("a", top_p=1.5)
+    with pytest.raises(charlm.UsageError, match="temperature must be >= 0"):
+        model.generate("a", temperature=float("nan"))
+    with pytest.raises(charlm.UsageError, match=r"seed must be between -2\*\*63 and 2\*\*63 - 1"):
+        model.generate("a", seed=2**70)
     assert model.generate("a", top_p=0, max_new_tokens=5, seed=1) == model.generate(
         "a", temperature=0, max_new_tokens=5
     )

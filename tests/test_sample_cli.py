@@ -113,6 +113,9 @@ def test_unknown_prompt_characters_follow_the_policy(tiny_checkpoint):
     "args,needle",
     [
         (["--temperature", "-1"], "--temperature"),
+        (["--temperature", "nan"], "--temperature"),
+        (["--temperature", "inf"], "--temperature must be finite"),
+        (["--seed", "99999999999999999999"], "--seed must be between"),
         (["--top-p", "-0.1"], "--top-p"),
         (["--top-p", "1.5"], "--top-p"),
         (["--top-k", "0"], "--top-k"),

@@ -171,6 +171,8 @@ GOOD = {"model": "charlm", "prompt": "JULIET:", "max_tokens": 5}
         ({**GOOD, "stop": ""}, 400, "stop must be"),
         ({**GOOD, "stream": "yes"}, 400, "stream must be true or false"),
         ({**GOOD, "seed": 1.5}, 400, "seed must be a whole number"),
+        ({**GOOD, "seed": 2**64}, 400, "seed must be between -2**63 and 2**63 - 1"),
+        ({**GOOD, "temperature": float("nan")}, 400, "temperature must be a finite number"),
         ({**GOOD, "logprobs": 9}, 400, "logprobs must be between"),
         ({**GOOD, "echo": True}, 400, "echo is not supported"),
         ({**GOOD, "frobnicate": 1}, 400, "unknown field 'frobnicate'"),

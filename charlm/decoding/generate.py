@@ -81,28 +81,33 @@ def generate_ids(
     through a compiled step with a cache of its own (charlm/decoding/compiled.py)."""
     check_values({"compile": compile, "use_cache": use_cache})
     device, dtype = next(model.parameters()).device, next(model.parameters()).dtype
-    tokens = torch.empty(batch, len(prompt) + max_new_tokens, dtype=torch.long, device=device)
+    # Room for the prompt and the first characters, doubled as the text grows: a huge max_new_tokens (a stream meant
+    # to run until stopped) takes the memory of what is decoded, not of what it allows.
+    tokens = torch.empty(batch, len(prompt) + min(max_new_tokens, 4096), dtype=torch.long, device=device)
     tokens[:, : len(prompt)] = torch.tensor(prompt, dtype=torch.long, device=device)
     if compile:
         with compiled_decoder(model, batch, device, dtype) as decoder:
-            yield from _decode(model, tokens, len(prompt), choose, decoder.cache, decoder.step)
+            yield from _decode(model, tokens, len(prompt), max_new_tokens, choose, decoder.cache, decoder.step)
         return
     cache = model.new_cache(batch, device, dtype) if use_cache else None
-    yield from _decode(model, tokens, len(prompt), choose, cache, lambda ids: model(ids, cache=cache)[0])
+    step = lambda ids: model(ids, cache=cache)[0]  # noqa: E731
+    yield from _decode(model, tokens, len(prompt), max_new_tokens, choose, cache, step)
 
 
 def _decode(
     model: GPT,
     tokens: torch.Tensor,
     n: int,
+    steps: int,
     choose: ChooseNext,
     cache: KVCache | StaticCache | None,
     decode_one: Callable[[torch.Tensor], torch.Tensor],
 ) -> Iterator[torch.Tensor]:
-    """Fill tokens (B, L) from position n on, yielding each step's ids (B,): first chunks (and re-encoded windows)
-    through model(), single new positions through decode_one; with no cache, the whole window every step."""
+    """Fill tokens (B, L) from position n on for `steps` characters (L doubled whenever full), yielding each step's
+    ids (B,): first chunks (and re-encoded windows) through model(), single new positions through decode_one; with
+    no cache, the whole window every step."""
     window = ContextWindow(model)
-    for _ in range(tokens.size(1) - n):
+    for _ in range(steps):
         if cache is None or cache.length == 0 or window.jumps(n):  # reference every step, a first chunk, a jump
             first = window.advance(n)
             if cache is not None:
@@ -111,6 +116,8 @@ def _decode(
         else:
             logits = decode_one(tokens[:, n - 1 : n])  # one new position (relative positions: the oldest rolls out)
         next_ids = choose(logits[:, -1])  # (B,)
+        if n == tokens.size(1):
+            tokens = torch.cat([tokens, torch.empty_like(tokens)], dim=1)
         tokens[:, n] = next_ids
         n += 1
         yield next_ids

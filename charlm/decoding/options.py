@@ -3,6 +3,7 @@ server and transduction, and the one check of their values (each surface spells 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
@@ -73,8 +74,12 @@ def check_values(given: dict[str, Any], spell: Callable[[str], str] = flag_name)
         raise OptionError(name, f"{spell(name)} must be {rule}, got {given[name]!r}")
 
     for name, low in (("max_new_tokens", 0), ("temperature", 0.0), ("top_k", 1), ("num_samples", 1)):
-        if given.get(name) is not None and given[name] < low:
+        if given.get(name) is not None and not given[name] >= low:  # NaN too
             refuse(name, f">= {low}" + (" (0 = greedy)" if name == "temperature" else ""))
+    if given.get("temperature") is not None and math.isinf(given["temperature"]):
+        refuse("temperature", "finite (0 = greedy; a large one draws nearly uniformly)")
+    if given.get("seed") is not None and not -(2**63) <= given["seed"] < 2**63:
+        refuse("seed", "between -2**63 and 2**63 - 1 (a 64-bit integer)")
     if given.get("top_p") is not None and not 0.0 <= given["top_p"] <= 1.0:
         refuse("top_p", "between 0 and 1 (1 keeps every character, 0 only the most likely)")
     if given.get("beam") is not None and not 1 <= given["beam"] <= MAX_BEAM:

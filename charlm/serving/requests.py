@@ -66,6 +66,8 @@ def _number(body: dict, name: str, default: Any, low: float, high: float, whole:
     if isinstance(value, bool) or not ok:
         kind = "a whole number" if whole else "a number"
         raise BadRequest(400, f"{name} must be {kind}, got {value!r}", name)
+    if isinstance(value, float) and not math.isfinite(value):  # NaN and Infinity, which Python's json reads
+        raise BadRequest(400, f"{name} must be a finite number, got {value}", name)
     if not low <= value <= high:  # the server's own limits (ranges every decoder shares: DecodeOptions.checked)
         raise BadRequest(400, f"{name} must be between {low} and {high}, got {value}", name)
     return value
@@ -128,7 +130,7 @@ def parse_completion(body: Any, limits: Limits, default_prompt: str = "\n") -> C
         temperature=_number(body, "temperature", 1.0, -math.inf, math.inf, whole=False),
         top_k=_number(body, "top_k", None, -math.inf, math.inf, whole=True),
         top_p=_number(body, "top_p", 1.0, -math.inf, math.inf, whole=False),
-        seed=_number(body, "seed", None, -(2**63), 2**63 - 1, whole=True),
+        seed=_number(body, "seed", None, -math.inf, math.inf, whole=True),
         stop=stops,
     )
     try:
