@@ -114,9 +114,15 @@ def test_attention_command_draws_a_png_and_prints_json(tiny_checkpoint, tmp_path
     assert one["heads"] == [1] and torch.tensor(one["weights"]).shape == (1, 1, 2, 2)
 
 
-def test_attention_command_refuses_what_it_cannot_show(tiny_checkpoint):
+def test_attention_command_refuses_what_it_cannot_show(tiny_checkpoint, tmp_path):
     assert_one_line_error(run_cli("attention", tiny_checkpoint, "--layer", "5"), 2, "--layer 5")
     assert_one_line_error(run_cli("attention", tiny_checkpoint, "--prompt", "x" * 40), 2, "context is 16")
+    unseen = run_cli("attention", tiny_checkpoint, "--prompt", "Rö", "--json")
+    assert_one_line_error(unseen, 2, "'ö' (U+00F6)", "leave them out")
+    assert "--unknown" not in unseen.stderr  # an option attention does not have
+    folder = run_cli("attention", tiny_checkpoint, "-o", tmp_path)  # refused before any work, the folder as it was
+    assert_one_line_error(folder, 2, f"--output {tmp_path} is a folder", "plot.png")
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize("kernel", ["fused", "explicit"])

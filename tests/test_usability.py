@@ -88,6 +88,19 @@ def test_plot_of_a_folder_without_metrics_is_one_line(tmp_path):
     assert_one_line_error(run_cli("plot", tmp_path), 2, "metrics.jsonl")
 
 
+def test_plot_of_damaged_metrics_or_into_a_folder_is_one_line(tmp_path):
+    pytest.importorskip("matplotlib")
+    good = {"step": 10, "elapsed_s": 1.0, "train_loss": 2.0, "val_loss": 2.1, "lr": 0.01}
+    damaged = [("{not json", "line 2 is not JSON"), ('{"step": 1, "val_loss": "x"}', "line 2 has no number for")]
+    damaged += [("[1, 2]", "line 2 has no number for step"), (json.dumps({**good, "lr": None}), "no number for lr")]
+    for line, needle in damaged:
+        (tmp_path / "metrics.jsonl").write_text(json.dumps(good) + "\n" + line + "\n")
+        assert_one_line_error(run_cli("plot", tmp_path, "-o", tmp_path / "p.png"), 2, needle, "damaged")
+    (tmp_path / "metrics.jsonl").write_text(json.dumps(good) + "\n")
+    assert_one_line_error(run_cli("plot", tmp_path, "-o", tmp_path), 2, "is a folder")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.jsonl"]
+
+
 def test_config_show_prints_the_resolved_yaml(tmp_path):
     import yaml
 

@@ -115,8 +115,14 @@ def attention(
     """
     needs_torch()
     from charlm.api.model import load
+    from charlm.cli.plot import check_png_target
 
+    if not json_out:
+        check_png_target(output)
     model = load(checkpoint_path(checkpoint), "cpu")
+    if unseen := model.tokenizer.unknown_chars(prompt):  # a map shows the model's own characters, nothing stands in
+        shown = ", ".join(f"{c!r} (U+{ord(c):04X})" for c in unseen[:10])
+        raise UsageError(f"--prompt has characters not in the model's vocabulary: {shown}; leave them out")
     if model.family.rewrites_sources:  # three maps: encoder, decoder and cross-attention
         return _transduction_attention(model, prompt, output, layer, head, (part or Part.cross).value, json_out)
     if part is not None:
@@ -261,9 +267,10 @@ def plot(
     Given a sweep folder, plots each trial's full-validation loss against each swept key instead.
     """
     # \[ above: rich markup would read [plot] as a style and drop it
-    from charlm.cli.plot import plot_runs, plot_sweep, sweep_results
+    from charlm.cli.plot import check_png_target, plot_runs, plot_sweep, sweep_results
     from charlm.progress import stderr_console
 
+    check_png_target(output)
     sweeps = [(d, found) for d in run_dirs if (found := sweep_results(d)) is not None]
     if sweeps and len(run_dirs) > 1:
         raise UsageError(f"{sweeps[0][0]} is a sweep folder: plot it alone (charlm plot {sweeps[0][0]})")

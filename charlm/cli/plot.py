@@ -9,21 +9,47 @@ from pathlib import Path
 from charlm.errors import UsageError
 from charlm.files import atomic_write
 
+PLOTTED = ("step", "elapsed_s", "train_loss", "val_loss", "lr")  # what each evaluation's line must give a number for
+
 
 def read_metrics(run_dir: Path) -> list[dict]:
     path = run_dir / "metrics.jsonl"
     if not path.is_file():
         raise UsageError(f"no metrics in {run_dir}: {path} is missing (give a run folder written by `charlm train`)")
     records = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+    for number, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), start=1):
         if line.strip():
             try:
-                records.append(json.loads(line))
+                record = json.loads(line)
             except ValueError:
                 raise UsageError(f"{path} line {number} is not JSON; the file is damaged") from None
+            missing = [k for k in PLOTTED if not isinstance(record, dict) or not _number(record.get(k))]
+            if missing:
+                raise UsageError(f"{path} line {number} has no number for {missing[0]}; the file is damaged")
+            records.append(record)
     if not records:
         raise UsageError(f"{path} holds no evaluations yet; train longer than one eval_interval")
     return records
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def check_png_target(output: Path) -> None:
+    """Refuse, before any work, an --output that is a folder (the PNG is a file inside one)."""
+    if output.is_dir():
+        raise UsageError(f"--output {output} is a folder: give the PNG's file name, e.g. {output / 'plot.png'}")
+
+
+def write_png(fig, output: Path) -> None:
+    """The figure as a PNG at `output`, written whole beside it and renamed into place."""
+    check_png_target(output)
+    try:
+        output.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UsageError(f"cannot create {output.parent} for --output: {e.strerror}") from None
+    atomic_write(output, lambda f: fig.savefig(f, format="png", dpi=110))
 
 
 def _pyplot():
@@ -79,8 +105,7 @@ def plot_attention(
                 ax.set_xlabel(axes_named[1], fontsize=8)
     fig.colorbar(image, ax=axes, shrink=0.6, label="attention weight")
     fig.suptitle(title, fontsize=10)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(output, lambda f: fig.savefig(f, format="png", dpi=110))
+    write_png(fig, output)
     plt.close(fig)
     return output
 
@@ -112,8 +137,7 @@ def plot_runs(run_dirs: list[Path], output: Path) -> Path:
         ax.legend(fontsize="small", loc="lower left")
     axes[0].set_title("loss against step")
     axes[1].set_title("loss against wall time")
-    output.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(output, lambda f: fig.savefig(f, format="png", dpi=110))
+    write_png(fig, output)
     plt.close(fig)
     return output
 
@@ -164,7 +188,6 @@ def plot_sweep(results: dict, output: Path) -> Path:
         ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize="small")
     fig.suptitle(f"sweep {results['sweep_dir']}: loss against each swept key", fontsize=10)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(output, lambda f: fig.savefig(f, format="png", dpi=110))
+    write_png(fig, output)
     plt.close(fig)
     return output
