@@ -77,6 +77,9 @@ def test_what_an_encoder_cannot_do_is_one_line(encoder_run, tiny_checkpoint):
     assert_one_line_error(run_cli("serve", encoder_run, "--port", "0"), 2, "fill")  # nothing to complete
     with pytest.raises(UsageError, match="fill"):
         charlm.load(encoder_run).generate("ROMEO")
+    for top in (0, 51, 2.5, True):  # the Python API's candidates, as the CLI's --top
+        with pytest.raises(UsageError, match="top .candidates per blank. must be a whole number from 1 to 50"):
+            charlm.load(encoder_run).fill("ROM_O", top=top)
 
 
 def test_hiding_follows_berts_proportions():

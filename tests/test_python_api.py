@@ -75,6 +75,23 @@ def test_errors_are_the_cli_errors_and_importable_from_charlm(tiny_checkpoint):
         model.generate("a", temperature=float("nan"))
     with pytest.raises(charlm.UsageError, match=r"seed must be between -2\*\*63 and 2\*\*63 - 1"):
         model.generate("a", seed=2**70)
+    wrong_types = [({"max_new_tokens": 2.5}, "max_new_tokens must be a whole number"), ({"seed": "x"}, "seed must")]
+    wrong_types += [({"top_k": True}, "top_k must be a whole number"), ({"temperature": "hot"}, "must be a number")]
+    for options, needle in wrong_types:
+        with pytest.raises(charlm.UsageError, match=needle):
+            model.generate("a", **options)
+    with pytest.raises(charlm.UsageError, match="the prompt must be a string, got 5"):
+        model.generate(5)
+    with pytest.raises(charlm.UsageError, match="fewer than 2"):  # the empty text, not the current folder
+        model.evaluate("")
+    for path in (None, ""):
+        with pytest.raises(charlm.UsageError, match="path must name a checkpoint"):
+            charlm.load(path)
+    mistakes = [({"budget": 60}, "budget must be a duration string"), ({"overrides": [("a", 1)]}, "overrides must")]
+    mistakes += [({"resume": True, "overwrite": True}, "contradict")]
+    for arguments, needle in mistakes:
+        with pytest.raises(charlm.UsageError, match=needle):
+            charlm.train("tiny", **arguments)
     assert model.generate("a", top_p=0, max_new_tokens=5, seed=1) == model.generate(
         "a", temperature=0, max_new_tokens=5
     )

@@ -93,6 +93,8 @@ class Model:
     ) -> list[int]:
         """The prompt's ids; characters outside the vocabulary are an error unless `unknown` says skip or replace (a
         lines model: an item's beginning, which may be empty)."""
+        if not isinstance(prompt, str):
+            raise UsageError(f"the prompt must be a string, got {prompt!r}")
         return self.family.encode_prompt(self, prompt, unknown, replace_with)
 
     def sample(
@@ -260,6 +262,8 @@ def load(path: str | Path, device: str = "auto", precision: str = "float32") -> 
     precision="int8" stores the blocks' weight matrices as int8 for decoding on the CPU (about 3x faster batch-1
     sampling of a 6 x 384 model whose float32 weights outgrow the cache); the output head, and layers whose input
     width is not a multiple of 16, stay float32; the text can differ from float32's (charlm.models.quantize)."""
+    if not isinstance(path, (str, Path)) or not str(path):
+        raise UsageError(f"path must name a checkpoint, a run folder or an export, got {path!r}")
     folder = model_path(path)
     for kind in FOLDER_KINDS:
         if (model := kind(folder, device, precision)) is not None:
@@ -319,6 +323,12 @@ def train(
     """
     from charlm.training.run import resolve_run
 
+    if not isinstance(overrides, (dict, type(None))) or not all(isinstance(k, str) for k in overrides or {}):
+        raise UsageError(f'overrides must map dotted keys to values ({{"train.max_steps": 200}}), got {overrides!r}')
+    if budget is not None and not isinstance(budget, str):
+        raise UsageError(f'budget must be a duration string such as "10m" or "90s", got {budget!r}')
+    if resume and overwrite:
+        raise UsageError("resume and overwrite contradict each other: resume continues the run, overwrite replaces it")
     options = {key: (key, value) for key, value in (overrides or {}).items()}  # typed values, no YAML round trip
     options["data.path"] = ("data", None if data is None else str(data))
     request = resolve_run(

@@ -26,6 +26,7 @@ from charlm.cli.support import (
     write_flushed,
 )
 from charlm.data.tokenizer import UNKNOWN_CHAR
+from charlm.decoding.options import MAX_FILL_CANDIDATES
 from charlm.errors import UsageError
 from charlm.progress import stderr_console
 
@@ -254,7 +255,7 @@ def fill(
         str, typer.Option(help="Text with each hidden character marked by --mask-char, e.g. 'ROM_O AND JUL_ET'.")
     ] = "ROM_O AND JUL_ET",
     mask_char: Annotated[str, typer.Option(help="The character that marks a hidden one.")] = "_",
-    top: Annotated[int, typer.Option(min=1, max=50, help="Candidates shown per blank.")] = 5,
+    top: Annotated[int, typer.Option(min=1, max=MAX_FILL_CANDIDATES, help="Candidates shown per blank.")] = 5,
     device: DeviceOption = "auto",
     json_out: Annotated[
         bool,

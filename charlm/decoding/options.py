@@ -12,6 +12,7 @@ from charlm.config.schema import SampleConfig
 from charlm.errors import UsageError
 
 MAX_BEAM = 64
+MAX_FILL_CANDIDATES = 50  # charlm fill --top, Model.fill(top=)
 
 
 def flag_name(name: str) -> str:
@@ -73,6 +74,12 @@ def check_values(given: dict[str, Any], spell: Callable[[str], str] = flag_name)
     def refuse(name: str, rule: str) -> None:
         raise OptionError(name, f"{spell(name)} must be {rule}, got {given[name]!r}")
 
+    for name in ("max_new_tokens", "top_k", "seed", "num_samples", "beam", "batch_size"):  # the Python API's callers
+        if given.get(name) is not None and (isinstance(given[name], bool) or not isinstance(given[name], int)):
+            refuse(name, "a whole number")
+    for name in ("temperature", "top_p"):
+        if given.get(name) is not None and (isinstance(given[name], bool) or not isinstance(given[name], (int, float))):
+            refuse(name, "a number")
     for name, low in (("max_new_tokens", 0), ("temperature", 0.0), ("top_k", 1), ("num_samples", 1)):
         if given.get(name) is not None and not given[name] >= low:  # NaN too
             refuse(name, f">= {low}" + (" (0 = greedy)" if name == "temperature" else ""))

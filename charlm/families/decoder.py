@@ -137,7 +137,7 @@ def evaluate_text(
 
 
 def names_a_file(value: str | Path) -> bool:
-    return isinstance(value, Path) or ("\n" not in value and len(value) < 4096 and Path(value).exists())
+    return isinstance(value, Path) or (value != "" and "\n" not in value and len(value) < 4096 and Path(value).exists())
 
 
 def decoder_card(

@@ -13,6 +13,7 @@ from charlm.config.schema import Config, ModelConfig
 from charlm.data.corpus import Corpus, for_file, same_path, split_file
 from charlm.data.masking import MaskedWindows
 from charlm.decoding.fill import fill
+from charlm.decoding.options import MAX_FILL_CANDIDATES
 from charlm.decoding.stepped import GraphRuntime, RuntimeCheck
 from charlm.errors import UsageError
 from charlm.evaluation.loss import EvalResult
@@ -90,8 +91,12 @@ class EncoderFamily(Family):
 def fill_blanks(loaded: Loaded, text: str, mask_char: str = "_", top: int = 5) -> dict[str, Any]:
     """charlm.Model.fill: every blank of a text predicted at once from the rest, with its top candidates."""
     module = loaded.family.as_encoder(loaded)
-    if len(mask_char) != 1:
+    if not isinstance(mask_char, str) or len(mask_char) != 1:
         raise UsageError(f"the mask character must be one character, got {mask_char!r}")
+    if isinstance(top, bool) or not isinstance(top, int) or not 1 <= top <= MAX_FILL_CANDIDATES:
+        raise UsageError(
+            f"top (candidates per blank) must be a whole number from 1 to {MAX_FILL_CANDIDATES}, got {top!r}"
+        )
     blanks = [i for i, c in enumerate(text) if c == mask_char]
     if not blanks:
         raise UsageError(f"the text has no {mask_char!r} to fill: mark each hidden character with it")
