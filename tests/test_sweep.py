@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import REPO, assert_one_line_error, freeze, run_cli
+from conftest import REPO, assert_one_line_error, freeze, run_cli, train_cli
 
 from charlm.config.schema import load_config
 
@@ -132,6 +132,9 @@ def test_a_sweep_killed_mid_trial_goes_on_with_the_same_command_counting_each_tr
         ({"params": {"train.max_steps": {"choices": [5, 10]}}}, ["train.max_steps", "budget"]),
         ({"budget": None}, ["budget is missing"]),
         ({"budget": "10x"}, ["budget", "'10x'", "10m"]),
+        ({"budget": 90}, ["budget: time 90 has no unit", "90s"]),
+        ({"budget": {"time": 1}}, ["budget: time 1 has no unit"]),
+        ({"budget": "5s"}, ["too short", "at least 10s"]),
         ({"sampler": "grid"}, ["sampler grid", "train.lr has a range"]),
         ({"sampler": "bayes"}, ["sampler", "grid, random, tpe", "'bayes'"]),
         ({"trails": 3}, ["unknown key 'trails'", "did you mean 'trials'"]),
@@ -153,6 +156,20 @@ def test_a_bad_spec_is_refused_in_one_line_before_any_trial(tmp_path, corpus, ch
     out = tmp_path / "sweep"
     assert_one_line_error(run_cli("sweep", spec, "--out-dir", out), 2, *needles)
     assert not out.exists()
+
+
+def test_a_key_given_twice_in_a_spec_or_a_config_is_refused_in_one_line(tmp_path, corpus):
+    """YAML keeps the last of two equal keys without a word: a second `set:` would drop the first one's keys."""
+    spec = write_spec(tmp_path, corpus, {"train.lr": {"low": 1e-3, "high": 1e-2, "log": True}})
+    spec.write_text(spec.read_text() + "set:\n  train.lr: 0.5\n")
+    out = tmp_path / "sweep"
+    assert_one_line_error(run_cli("sweep", spec, "--out-dir", out), 2, "the key 'set' appears twice", "line")
+    assert_one_line_error(run_cli("sweep", tmp_path, "--out-dir", out), 2, "is a folder")
+    config = tmp_path / "twice.yaml"
+    config.write_text("train:\n  max_steps: 2\nmodel:\n  n_layer: 1\ntrain:\n  lr: 0.5\n")
+    result = run_cli(*train_cli(corpus, tmp_path / "run", config=config))
+    assert_one_line_error(result, 2, "twice.yaml", "line 5", "the key 'train' appears twice")
+    assert not out.exists() and not (tmp_path / "run").exists()
 
 
 def test_a_grid_with_a_combination_that_is_no_config_is_refused_before_any_trial(tmp_path, corpus):

@@ -44,12 +44,34 @@ def shipped_config_names() -> list[str]:
     return []
 
 
+class UniqueKeyLoader(yaml.SafeLoader):
+    """yaml.safe_load's loader (tags that build objects refused), refusing a key given twice in one mapping, where
+    YAML's own rule keeps the last silently (a second `train:` section would drop the first one's settings)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"the key {key!r} appears twice (the second would silently replace the first)",
+                    key_node.start_mark,
+                )  # fmt: skip
+            seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
+def load_yaml(text: str) -> Any:
+    """YAML text as data: safe (nothing executed), and every key of a mapping given once."""
+    return yaml.load(text, Loader=UniqueKeyLoader)
+
+
 def read_yaml_file(path: Path) -> dict[str, Any]:
-    """Parse a config file with yaml.safe_load (never executed); it must hold a mapping."""
+    """Parse a config file with load_yaml (never executed); it must hold a mapping."""
     if path.is_dir():
         raise UsageError(f"config path is a directory, not a YAML file: {path}")
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        raw = load_yaml(path.read_text(encoding="utf-8"))
     except UnicodeDecodeError as e:
         raise UsageError(f"config file {path} is not UTF-8 text (bad byte at offset {e.start})") from e
     except yaml.YAMLError as e:

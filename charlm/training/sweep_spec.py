@@ -20,6 +20,7 @@ import yaml
 
 from charlm.config import schema as cfg
 from charlm.config.schema import Config, Setting
+from charlm.config.sources import load_yaml
 from charlm.errors import UsageError
 from charlm.training.budget import parse_budget
 
@@ -147,15 +148,21 @@ def shipped_spec_names() -> list[str]:
 
 
 def _read(path: Path) -> dict[str, Any]:
+    if path.is_dir():
+        raise UsageError(f"sweep spec {path} is a folder: give the spec's YAML file (docs/sweeps.md shows the format)")
     if not path.is_file():
         shipped = ", ".join(shipped_spec_names()) or "none found"
         raise UsageError(f"sweep spec not found: {path} (give a YAML file, or a shipped spec's name: {shipped})")
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        raw = load_yaml(path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, yaml.YAMLError) as e:
         mark = getattr(e, "problem_mark", None)
         at = f" at line {mark.line + 1}" if mark else ""
-        raise UsageError(f"sweep spec {path} is not valid YAML{at}; fix it (docs/sweeps.md shows the format)") from e
+        said = getattr(e, "problem", None)
+        problem = f": {said}" if isinstance(said, str) else ""
+        raise UsageError(
+            f"sweep spec {path} is not valid YAML{at}{problem}; fix it (docs/sweeps.md shows the format)"
+        ) from e
     if not isinstance(raw, dict):
         raise UsageError(f"sweep spec {path} must hold a mapping (config, set, budget, trials, sampler, params)")
     return raw
@@ -211,8 +218,8 @@ def _budget(raw: Any, where: str, errors: list[str]) -> tuple[float, int]:
             errors.append(f"{where} budget: unknown key '{key}'{_suggest(str(key), BUDGET_KEYS)}")
     seconds, steps = 0.0, 0
     time = body.get("time")
-    if isinstance(time, (int, float)) and not isinstance(time, bool) and math.isfinite(time) and time > 0:
-        seconds = float(time)
+    if isinstance(time, (int, float)) and not isinstance(time, bool):  # as --budget: a unit, never a guess at one
+        errors.append(f"{where} budget: time {time!r} has no unit: give a duration such as {time:g}s, 10m or 1h")
     elif isinstance(time, str):
         try:
             seconds = parse_budget(time, flag=f"{where} budget: time")
