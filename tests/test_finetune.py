@@ -47,14 +47,14 @@ def test_a_fine_tuned_run_starts_from_the_source_weights_with_a_fresh_optimizer(
     before = charlm.load(source_run, "cpu").evaluate(second, split="val").loss
     summary = charlm.train(
         "tiny",
-        overrides={**TINY, "model.n_layer": 3, "train.max_steps": 20},
+        overrides={**{k: v for k, v in TINY.items() if not k.startswith("model.")}, "train.max_steps": 20},
         data=second,
         out_dir=tmp_path / "tuned",
         quiet=True,
         init_from=source_run,
     )
     tuned = load_checkpoint(tmp_path / "tuned" / "last.pt")
-    assert tuned.config.model == source.config.model  # the shape is the source's, whatever --config says
+    assert tuned.config.model == source.config.model  # the shape is the source's, whatever the config file says
     assert tuned.tokenizer.chars == source.tokenizer.chars and tuned.step == 20 and summary["steps"] == 20
     assert tuned.config.data.path == str(second)
     assert summary["full_val_loss"] < before  # it learned the new text
@@ -110,6 +110,14 @@ def test_init_from_on_the_command_line_and_its_mistakes(tmp_path, halves, source
     ok = run_cli(*train_cli(second, tmp_path / "ok", steps=3, init_from=source_run))
     assert ok.returncode == 0, ok.stderr
     assert "starting from the weights of" in ok.stderr
+    # the command line's model keys: dropout taken, the source's shape and tokenizer kept or refused, never dropped
+    regularised = run_cli(*train_cli(second, tmp_path / "d", steps=2, init_from=source_run, sets=["model.dropout=0.2"]))
+    assert regularised.returncode == 0, regularised.stderr
+    assert "dropout: 0.2" in (tmp_path / "d" / "config.yaml").read_text()
+    for sets, needle in ((["model.n_layer=4"], "model.n_layer=4 (it has 1)"), (["data.tokenizer=byte"], "'byte'")):
+        refused = run_cli(*train_cli(second, tmp_path / "e", steps=2, init_from=source_run, sets=sets))
+        assert_one_line_error(refused, 2, "--init-from keeps the shape and tokenizer", needle)
+    assert not (tmp_path / "e").exists()
     assert_one_line_error(
         run_cli(*train_cli(halves[1], tmp_path / "a", init_from=source_run)),
         2,

@@ -9,12 +9,13 @@ other weight is the source's.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import fields, replace
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 import torch
 
-from charlm.config.schema import Config
+from charlm.config.schema import Config, ModelConfig
 from charlm.data.prepare import prepare
 from charlm.data.tokenizer import CharTokenizer, Tokenizer
 from charlm.errors import UsageError
@@ -29,9 +30,26 @@ def load_source(path: str | Path) -> Checkpoint:
     return load_model_file(path)
 
 
-def finetune_config(requested: Config, source: Checkpoint) -> Config:
-    """The run's settings: model shape and tokenizer from the source, data and training from the command."""
-    requested.model = source.config.model
+# What a fine-tuned run takes from its source (the weights' shape and how text becomes ids), and the model keys that
+# shape no weight, which the command line may still set for it (regularisation for the new text).
+SOURCE_KEYS = {f"model.{f.name}" for f in fields(ModelConfig)} | {"data.tokenizer"}
+MODEL_KEYS = {"model.dropout", "model.attention_dropout"}
+
+
+def finetune_config(requested: Config, source: Checkpoint, explicit: dict[str, Any] | None = None) -> Config:
+    """The run's settings: model shape and tokenizer from the source, data and training from the command; of the
+    command line's explicit settings (`explicit`), dropout is applied and anything else of the source's refused
+    where it differs, never dropped in silence."""
+    explicit = explicit or {}
+    kept = source.config.flat()
+    differ = [f"{k}={v!r} (it has {kept[k]!r})" for k, v in explicit.items() if k not in MODEL_KEYS and v != kept[k]]
+    if differ:
+        raise UsageError(
+            f"--init-from keeps the shape and tokenizer of {source.path}: {', '.join(differ)}; leave them out (only "
+            "model.dropout and model.attention_dropout can change), or train a new model without --init-from"
+        )
+    changed = {key.split(".", 1)[1]: explicit[key] for key in MODEL_KEYS & explicit.keys()}
+    requested.model = replace(source.config.model, **changed)
     requested.data.tokenizer = source.config.data.tokenizer
     return requested
 

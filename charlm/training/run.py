@@ -28,7 +28,13 @@ from charlm.storage.checkpoint import RUNS_DIR, Checkpoint, load_checkpoint
 from charlm.storage.run_folder import RunFolder, check_out_dir, make_out_dir
 from charlm.storage.run_state import TrainSummary
 from charlm.training.budget import BudgetRequest, plan_budget
-from charlm.training.finetune import finetune_config, finetune_tokenizer, init_model, load_source
+from charlm.training.finetune import (
+    SOURCE_KEYS,
+    finetune_config,
+    finetune_tokenizer,
+    init_model,
+    load_source,
+)
 from charlm.training.loop import Trainer
 from charlm.training.metrics import require_loggers
 from charlm.training.setup import StopRequest, seed_for_rank, training_dtype
@@ -122,6 +128,8 @@ def resolve_run(
             )
         planned = plan_budget(budget, config_file, sets, options)
     settings, changes = requested_config(config_file, sets, options, resume)
+    if init_from is not None and not resume:  # the source's model, unless the command line asks otherwise
+        changes = {k: v for k, v in cfg.explicit_settings(sets, options).items() if k in SOURCE_KEYS}
     folder = Path(out_dir) if out_dir is not None else RUNS_DIR / Path(config_file or cfg.DEFAULT_CONFIG).stem
     return RunRequest(folder, settings, changes, resume, overwrite, init_from, extend_vocab, planned)
 
@@ -221,7 +229,7 @@ def run_training(
         source = load_source(init_from) if init_from is not None else None
         config = run_config(config, ckpt, resume_changes or {})
         if source is not None:
-            config = finetune_config(config, source)
+            config = finetune_config(config, source, resume_changes or {})
         if ckpt is None:
             ensure_builtin_corpus(config.data.path, reporter.info)
         dist, device_name = setup(config.train.device)
