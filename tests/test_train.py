@@ -84,6 +84,10 @@ def test_resume_continues_the_step_count(tmp_path, corpus):
     assert json.loads(result.stdout)["steps"] == 40
     assert [m["step"] for m in _metrics(tmp_path / "r")] == [10, 20, 30, 40]
     assert load_checkpoint(tmp_path / "r" / "last.pt").step == 40
+    for steps in (40, 30):  # at or past its limit: refused, no record added
+        done = run_cli(*train_cli(out=tmp_path / "r", resume=True, steps=steps))
+        assert_one_line_error(done, 2, "is at step 40, already its limit of", "larger --max-steps")
+    assert [m["step"] for m in _metrics(tmp_path / "r")] == [10, 20, 30, 40]
 
 
 def test_resume_refuses_to_change_the_model_shape(tmp_path, corpus):

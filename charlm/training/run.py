@@ -228,6 +228,11 @@ def run_training(
         ckpt = load_checkpoint(out_dir / "last.pt") if resume else None
         source = load_source(init_from) if init_from is not None else None
         config = run_config(config, ckpt, resume_changes or {})
+        if ckpt is not None and 0 < config.train.max_steps <= ckpt.step:  # nothing to train, nothing to record
+            raise UsageError(
+                f"{out_dir} is at step {ckpt.step:,}, already its limit of {config.train.max_steps:,} steps: give a "
+                "larger --max-steps to train it further"
+            )
         if source is not None:
             config = finetune_config(config, source, resume_changes or {})
         if ckpt is None:
