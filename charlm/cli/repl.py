@@ -17,7 +17,7 @@ from typing import Any, TextIO
 from charlm.api.model import Model
 from charlm.data.tokenizer import UnknownPolicy
 from charlm.decoding.options import DecodeOptions, check_values
-from charlm.errors import CharlmError
+from charlm.errors import CharlmError, UsageError
 
 HELP = """commands:
   /temperature T   softmax temperature (0 = greedy)
@@ -48,24 +48,24 @@ def settings_line(options: DecodeOptions) -> str:
 
 
 def apply_command(line: str, options: DecodeOptions) -> tuple[DecodeOptions, str]:
-    """The options after a /command, and what to tell the user; a mistake raises CharlmError with its fix."""
+    """The options after a /command, and what to tell the user; a mistake raises UsageError with its fix."""
     name, _, value = line.strip().partition(" ")
     value = value.strip()
     if name in ("/help", "/?"):
         return options, HELP + "\nnow: " + settings_line(options)
     if name not in _COMMANDS:
-        raise CharlmError(f"unknown command {name!r}; /help lists the commands")
+        raise UsageError(f"unknown command {name!r}; /help lists the commands")
     field, parse = _COMMANDS[name]
     if not value:
-        raise CharlmError(f"{name} needs a value, e.g. {name} {'0.8' if parse is float else '20'}")
+        raise UsageError(f"{name} needs a value, e.g. {name} {'0.8' if parse is float else '20'}")
     parsed: Any = None  # "off" (None), or a float or an int, as the command's field takes
     if not (value == "off" and field in _NULLABLE):
         try:
             parsed = parse(value)
         except ValueError:
             kind = "a number" if parse is float else "a whole number"
-            raise CharlmError(f"{name} takes {kind}, got {value!r}") from None
-        check_values({field: parsed})
+            raise UsageError(f"{name} takes {kind}, got {value!r}") from None
+        check_values({field: parsed}, lambda _: name)  # named as typed: /seed, not --seed
     options = replace(options, **{field: parsed})
     return options, "now: " + settings_line(options)
 
