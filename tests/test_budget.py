@@ -187,5 +187,5 @@ def test_a_small_corpus_shortens_the_rule_s_context_to_fit_its_validation_split(
     run_cli(*args, "--data", small, "--out-dir", tmp_path / "mine", "--set", "model.block_size=64", check=True)
     assert load_config(tmp_path / "mine" / "config.yaml").model.block_size == 64
     result = run_cli(*args, "--data", tiny, "--out-dir", tmp_path / "tiny", "--quiet")
-    assert_one_line_error(result, 2, "too short", "validation split has 10 tokens", "model.block_size")
+    assert_one_line_error(result, 2, "too short", "validation split has 10 tokens", "model.block_size", "data.val_size")
     assert recipe_for(600, 1_800, val_chars=100)["model.block_size"] == 64  # halved until a window fits

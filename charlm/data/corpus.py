@@ -251,7 +251,8 @@ class Corpus:
                     f"{'the validation file' if given else 'data file'} {self.val_given if given else source} is "
                     f"too short: its {name} split has {len(ids)} tokens but a window needs {need} (model.block_size "
                     "+ 1); use a longer text, a smaller model.block_size"
-                    + (" or a larger data.val_fraction" if name == "validation" and not given else "")
+                    + (" or more held out: data.val_size (or, while it is 0, data.val_fraction)"
+                       if name == "validation" and not given else "")  # fmt: skip
                 )
 
 
