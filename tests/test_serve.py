@@ -192,6 +192,13 @@ def test_bad_completion_request_is_refused_and_the_next_one_served(server, body,
     assert ok == 200 and len(good["choices"][0]["text"]) == 5
 
 
+def test_a_prompt_refused_says_why_in_its_code(server):
+    """The error's code tells a client's code what to fix: a character the model never saw, or an empty prompt."""
+    for prompt, code in (("", "invalid_prompt"), ("日本", "unknown_character")):
+        status, reply = server.request("POST", "/v1/completions", {**GOOD, "prompt": prompt})
+        assert status == 400 and reply["error"]["code"] == code and reply["error"]["param"] == "prompt", reply
+
+
 @pytest.mark.parametrize(
     ("method", "path", "body", "status", "needle"),
     [

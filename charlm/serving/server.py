@@ -81,7 +81,8 @@ def create_app(model: Model, served: Served | None = None) -> FastAPI:
         try:
             return model.encode_prompt(text, unknown, replace_with)
         except UsageError as e:
-            raise BadRequest(400, str(e), param, "unknown_character") from None
+            code = "unknown_character" if model.tokenizer.unknown_chars(text) else "invalid_prompt"  # an empty one
+            raise BadRequest(400, str(e), param, code) from None
 
     def check_model(name: Any) -> None:
         served_name(name, model_name)
