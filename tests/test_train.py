@@ -80,8 +80,10 @@ def test_same_seed_gives_the_same_losses_and_weights(tmp_path, corpus):
 
 def test_resume_continues_the_step_count(tmp_path, corpus):
     _train(tmp_path / "r", corpus, steps=20)
-    result = run_cli(*train_cli(out=tmp_path / "r", resume=True, steps=40, json=True), check=True)
+    sets = ["sample.temperature=0.5"]  # no part of training: a resume may change it
+    result = run_cli(*train_cli(out=tmp_path / "r", resume=True, steps=40, json=True, sets=sets), check=True)
     assert json.loads(result.stdout)["steps"] == 40
+    assert load_checkpoint(tmp_path / "r" / "last.pt").config.sample.temperature == 0.5
     assert [m["step"] for m in _metrics(tmp_path / "r")] == [10, 20, 30, 40]
     assert load_checkpoint(tmp_path / "r" / "last.pt").step == 40
     for steps in (40, 30):  # at or past its limit: refused, no record added

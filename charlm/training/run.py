@@ -8,7 +8,7 @@ folder's files are charlm.storage.run_folder's; the loop, the final pass and the
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -60,7 +60,7 @@ RESUMABLE_KEYS = {
     "train.wandb_project",
     "train.tensorboard",
     "train.final_eval_tokens",
-}
+} | {f"sample.{f.name}" for f in fields(cfg.SampleConfig)}  # the checkpoint's sampling defaults: no part of training
 
 
 # ---------------------------------------------------------------------------- the configuration
