@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from charlm.config.schema import load_config
-from charlm.errors import Interrupted
+from charlm.errors import Interrupted, UsageError
 from charlm.storage.checkpoint import load_checkpoint, save_checkpoint
 from charlm.storage.run_state import INVOCATION_FIELDS, RunState
 from charlm.training.run import run_training
@@ -45,9 +45,10 @@ def test_a_checkpoint_from_before_the_run_state_still_resumes(tmp_path, corpus):
     assert summary is not None and summary.steps == 12
     assert summary.tokens == 4 * 16 * 16  # counted from the resume: the old checkpoint did not record its own
     assert math.isfinite(summary.best_val_loss)
-    last.write_bytes(old)  # and resumed with nothing left to train: its evaluation logs train.lr, not a missing 0
-    run_training(None, tmp_path / "run", resume=True, resume_changes={"train.max_steps": 8}, quiet=True)
-    assert RunState.from_dict(torch.load(last, weights_only=True)).lr == config.train.lr
+    last.write_bytes(old)  # and with nothing left to train: refused, the old checkpoint as it was
+    with pytest.raises(UsageError, match="is at step 8, already its limit of 8 steps"):
+        run_training(None, tmp_path / "run", resume=True, resume_changes={"train.max_steps": 8}, quiet=True)
+    assert last.read_bytes() == old
 
 
 class StopAfter:
