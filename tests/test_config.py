@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from charlm.config.schema import CONFIG_DIRS, Config, load_config, shipped_config_names
+from charlm.config.sources import read_yaml_file as yaml_file
 from charlm.errors import UsageError
 
 SHIPPED = sorted((CONFIG_DIRS[0]).glob("*.yaml"))
@@ -149,6 +150,16 @@ def test_all_errors_are_reported_at_once(tmp_path):
     assert any("model.n_layerz" in e for e in errors)
     assert any(e.startswith("train.lr") for e in errors)
     assert any(e.startswith("train.batch_size") for e in errors)
+
+
+def test_yaml_merge_keys_load_and_an_unhashable_key_is_one_line(tmp_path):
+    merged = tmp_path / "merged.yaml"
+    merged.write_text("base: &b {lr: 0.01, batch_size: 4}\ntrain:\n  <<: *b\n  lr: 0.02\n")
+    assert yaml_file(merged)["train"] == {"lr": 0.02, "batch_size": 4}  # a merged key overridden is no repeat
+    odd = tmp_path / "odd.yaml"
+    odd.write_text("? [1]\n: 2\n")
+    with pytest.raises(UsageError, match="not valid YAML at line 1"):
+        yaml_file(odd)
 
 
 def test_yaml_is_never_executed(tmp_path):

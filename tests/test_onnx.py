@@ -209,6 +209,15 @@ def test_what_cannot_be_exported_is_refused_in_one_line(tmp_path, corpus, tiny_c
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp folder left behind
 
 
+def test_a_limit_far_beyond_the_text_costs_onnxruntime_only_what_is_decoded(tmp_path_factory, corpus):
+    """The stepped loop's buffer of ids grows as generate_ids' does (past 4,096 places, windows jumping)."""
+    ckpt, folder = exported_decoder("learned", tmp_path_factory, corpus)
+    text = charlm.load(folder).generate("a", max_new_tokens=4200, temperature=0)
+    assert len(text) == 4201 and text[:200] == charlm.load(ckpt).generate("a", max_new_tokens=199, temperature=0)
+    stopped = charlm.load(folder).generate("a", max_new_tokens=10**12, stop=[" "], seed=1)
+    assert stopped.startswith("a") and len(stopped) < 1000 and " " not in stopped
+
+
 def test_overwrite_replaces_an_earlier_export_whole_and_nothing_else(tmp_path, tiny_checkpoint, monkeypatch):
     """A folder with anything in it needs --overwrite, which replaces only an earlier export (either format, none of
     its files left behind): never a folder of the user's files, a run folder, or the current folder."""
@@ -238,6 +247,13 @@ def test_overwrite_replaces_an_earlier_export_whole_and_nothing_else(tmp_path, t
     assert f'src="{CDN}ort.wasm.min.js"' in (exported / "index.html").read_text()
     run_cli("export", ckpt, exported, "--overwrite", check=True)
     assert sorted(p.name for p in exported.iterdir()) == ["README.md", "config.json", "model.safetensors", "vocab.json"]
+    (exported / ".git").mkdir()  # an export published from its folder: the user's files beside it stop --overwrite
+    assert_one_line_error(run_cli("export", ckpt, exported, "--overwrite"), 2, "not a charlm export's (.git)")
+    assert (exported / ".git").is_dir()
+    (exported / ".git").rmdir()
+    (tmp_path / "latest").symlink_to(exported)  # a link to an export: the export is replaced, the link kept
+    run_cli("export", ckpt, tmp_path / "latest", "--format", "onnx", "--overwrite", check=True)
+    assert (tmp_path / "latest").is_symlink() and (exported / "model.onnx").is_file()
     (tmp_path / "empty").mkdir()  # an empty folder is taken, moved aside as an old export is
     run_cli("export", ckpt, tmp_path / "empty", check=True)
     assert (tmp_path / "empty" / "model.safetensors").is_file()

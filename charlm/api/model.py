@@ -281,7 +281,8 @@ def export(
 ) -> list[Path]:
     """Write an export to out_dir: safetensors (model.safetensors), or ONNX (its graphs, checked against the torch
     model: charlm.api.onnx_model.export_onnx), with config.json, vocab.json and a README.md model card; `web` adds a
-    page that generates in the browser (docs/export.md). A folder that is not empty is refused unless `overwrite`."""
+    page that generates in the browser (docs/export.md). A folder that is not empty is refused unless `overwrite`, which
+    replaces only an earlier export."""
     if web and format == "safetensors":
         format = "onnx"  # the page runs the ONNX graphs
     if format in EXPORT_FORMATS:

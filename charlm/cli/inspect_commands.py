@@ -218,7 +218,9 @@ def export_(
             show_default=False,
         ),
     ] = None,
-    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace DIR if it holds anything.")] = False,
+    overwrite: Annotated[
+        bool, typer.Option("--overwrite", help="Replace an earlier export in DIR (never other files).")
+    ] = False,
 ) -> None:
     """Write a model anyone can run without charlm's pickles: safetensors, ONNX graphs or a web page.
 

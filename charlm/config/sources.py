@@ -51,13 +51,19 @@ class UniqueKeyLoader(yaml.SafeLoader):
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: set[Any] = set()
         for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *base`: keys the mapping's own may override
+                continue
             key = self.construct_object(key_node, deep=deep)
-            if key in seen:
+            try:
+                repeated = key in seen
+                seen.add(key)
+            except TypeError:  # an unhashable key: the parent names it in its own words
+                break
+            if repeated:
                 raise yaml.constructor.ConstructorError(
                     None, None, f"the key {key!r} appears twice (the second would silently replace the first)",
                     key_node.start_mark,
                 )  # fmt: skip
-            seen.add(key)
         return super().construct_mapping(node, deep)
 
 

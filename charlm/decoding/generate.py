@@ -81,10 +81,7 @@ def generate_ids(
     through a compiled step with a cache of its own (charlm/decoding/compiled.py)."""
     check_values({"compile": compile, "use_cache": use_cache})
     device, dtype = next(model.parameters()).device, next(model.parameters()).dtype
-    # Room for the prompt and the first characters, doubled as the text grows: a huge max_new_tokens (a stream meant
-    # to run until stopped) takes the memory of what is decoded, not of what it allows.
-    tokens = torch.empty(batch, len(prompt) + min(max_new_tokens, 4096), dtype=torch.long, device=device)
-    tokens[:, : len(prompt)] = torch.tensor(prompt, dtype=torch.long, device=device)
+    tokens = id_buffer(prompt, max_new_tokens, batch, device)
     if compile:
         with compiled_decoder(model, batch, device, dtype) as decoder:
             yield from _decode(model, tokens, len(prompt), max_new_tokens, choose, decoder.cache, decoder.step)
@@ -92,6 +89,19 @@ def generate_ids(
     cache = model.new_cache(batch, device, dtype) if use_cache else None
     step = lambda ids: model(ids, cache=cache)[0]  # noqa: E731
     yield from _decode(model, tokens, len(prompt), max_new_tokens, choose, cache, step)
+
+
+def id_buffer(prompt: list[int], max_new_tokens: int, batch: int, device: torch.device | None = None) -> torch.Tensor:
+    """(B, L) ids with the prompt in place and room for the first characters after it, grown by with_room as the text
+    grows: a huge max_new_tokens (a stream meant to run until stopped) takes the memory of what is decoded."""
+    tokens = torch.empty(batch, len(prompt) + min(max_new_tokens, 4096), dtype=torch.long, device=device)
+    tokens[:, : len(prompt)] = torch.tensor(prompt, dtype=torch.long, device=device)
+    return tokens
+
+
+def with_room(tokens: torch.Tensor, n: int) -> torch.Tensor:
+    """tokens (B, L), doubled in length when position n lies past its end."""
+    return torch.cat([tokens, torch.empty_like(tokens)], dim=1) if n == tokens.size(1) else tokens
 
 
 def _decode(
@@ -116,8 +126,7 @@ def _decode(
         else:
             logits = decode_one(tokens[:, n - 1 : n])  # one new position (relative positions: the oldest rolls out)
         next_ids = choose(logits[:, -1])  # (B,)
-        if n == tokens.size(1):
-            tokens = torch.cat([tokens, torch.empty_like(tokens)], dim=1)
+        tokens = with_room(tokens, n)
         tokens[:, n] = next_ids
         n += 1
         yield next_ids

@@ -6,12 +6,15 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
+from numbers import Integral, Real
 from typing import Any
 
 from charlm.config.schema import SampleConfig
 from charlm.errors import UsageError
 
 MAX_BEAM = 64
+WHOLE = ("max_new_tokens", "top_k", "seed", "num_samples", "beam", "batch_size")  # options that count
+FRACTIONAL = ("temperature", "top_p")
 MAX_FILL_CANDIDATES = 50  # charlm fill --top, Model.fill(top=)
 
 
@@ -62,7 +65,9 @@ class DecodeOptions:
     def checked(self, spell: Callable[[str], str] = flag_name) -> DecodeOptions:
         """These options, or OptionError naming the first value out of range as `spell` writes its name."""
         check_values(vars(self), spell)
-        return self
+        plain: dict[str, Any] = {k: int(v) for k in WHOLE if (v := getattr(self, k)) is not None}  # numpy's too
+        plain |= {k: float(v) for k in FRACTIONAL if (v := getattr(self, k)) is not None}
+        return replace(self, **plain)
 
 
 def check_values(given: dict[str, Any], spell: Callable[[str], str] = flag_name) -> None:
@@ -74,11 +79,11 @@ def check_values(given: dict[str, Any], spell: Callable[[str], str] = flag_name)
     def refuse(name: str, rule: str) -> None:
         raise OptionError(name, f"{spell(name)} must be {rule}, got {given[name]!r}")
 
-    for name in ("max_new_tokens", "top_k", "seed", "num_samples", "beam", "batch_size"):  # the Python API's callers
-        if given.get(name) is not None and (isinstance(given[name], bool) or not isinstance(given[name], int)):
-            refuse(name, "a whole number")
-    for name in ("temperature", "top_p"):
-        if given.get(name) is not None and (isinstance(given[name], bool) or not isinstance(given[name], (int, float))):
+    for name in WHOLE:  # the Python API's callers
+        if given.get(name) is not None and (isinstance(given[name], bool) or not isinstance(given[name], Integral)):
+            refuse(name, "a whole number")  # numpy's integers are Integral too
+    for name in FRACTIONAL:
+        if given.get(name) is not None and (isinstance(given[name], bool) or not isinstance(given[name], Real)):
             refuse(name, "a number")
     for name, low in (("max_new_tokens", 0), ("temperature", 0.0), ("top_k", 1), ("num_samples", 1)):
         if given.get(name) is not None and not given[name] >= low:  # NaN too

@@ -17,7 +17,15 @@ import torch
 
 from charlm.config.schema import ModelConfig
 from charlm.data.tokenizer import BOS, EOS, PAD, Tokenizer
-from charlm.decoding.generate import ChooseNext, ContextWindow, SampleResult, collect_samples, seeded_chooser
+from charlm.decoding.generate import (
+    ChooseNext,
+    ContextWindow,
+    SampleResult,
+    collect_samples,
+    id_buffer,
+    seeded_chooser,
+    with_room,
+)
 from charlm.decoding.options import DecodeOptions
 from charlm.decoding.sampling import sample_next
 
@@ -52,8 +60,7 @@ def stepped_ids(
     step: Step, config: ModelConfig, prompt: list[int], max_new_tokens: int, batch: int, choose: ChooseNext
 ) -> Iterator[torch.Tensor]:
     """Yield the next ids (B,) step by step, every row continuing the prompt (generate_ids' loop, its policy)."""
-    tokens = torch.empty(batch, len(prompt) + max_new_tokens, dtype=torch.long)
-    tokens[:, : len(prompt)] = torch.tensor(prompt, dtype=torch.long)
+    tokens = id_buffer(prompt, max_new_tokens, batch)
     window, n = ContextWindow(config), len(prompt)
     state: State = None
     length = 0  # the position the next new token takes
@@ -67,6 +74,7 @@ def stepped_ids(
             logits, state = step(tokens[:, n - 1 : n], length, state)
             length += 1
         next_ids = choose(logits[:, -1])  # (B,)
+        tokens = with_room(tokens, n)
         tokens[:, n] = next_ids
         n += 1
         yield next_ids

@@ -3,6 +3,7 @@ well hidden characters are restored, used to fill blanks in a text."""
 
 from __future__ import annotations
 
+from numbers import Integral
 from pathlib import Path
 from typing import Any, cast
 
@@ -93,7 +94,7 @@ def fill_blanks(loaded: Loaded, text: str, mask_char: str = "_", top: int = 5) -
     module = loaded.family.as_encoder(loaded)
     if not isinstance(mask_char, str) or len(mask_char) != 1:
         raise UsageError(f"the mask character must be one character, got {mask_char!r}")
-    if isinstance(top, bool) or not isinstance(top, int) or not 1 <= top <= MAX_FILL_CANDIDATES:
+    if isinstance(top, bool) or not isinstance(top, Integral) or not 1 <= top <= MAX_FILL_CANDIDATES:
         raise UsageError(
             f"top (candidates per blank) must be a whole number from 1 to {MAX_FILL_CANDIDATES}, got {top!r}"
         )

@@ -150,7 +150,11 @@ def set_rng_state(state: dict) -> None:
 
 
 def out_of_memory(error: BaseException) -> bool:
-    """An allocation the device could not make: CUDA's OutOfMemoryError, or the CPU allocator's RuntimeError."""
+    """An allocation the device could not make: CUDA's OutOfMemoryError, or a RuntimeError saying so (the CPU
+    allocator's, a CUDA kernel's or library's, MPS's)."""
     if isinstance(error, torch.OutOfMemoryError):
         return True
-    return isinstance(error, RuntimeError) and "can't allocate memory" in str(error)
+    said = str(error)
+    return isinstance(error, RuntimeError) and any(
+        words in said for words in ("can't allocate memory", "CUDA error: out of memory", "MPS backend out of memory")
+    )

@@ -5,7 +5,6 @@ README.md model card. `charlm sample/eval/info DIR` and `charlm.load(DIR)` read 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -13,8 +12,9 @@ from typing import Any
 from charlm.config.schema import config_from_dict
 from charlm.data.tokenizer import tokenizer_from_json
 from charlm.errors import UsageError
-from charlm.files import folder_beside, replace_folder
+from charlm.files import atomic_write, folder_beside, replace_folder
 from charlm.storage.checkpoint import Checkpoint
+from charlm.storage.web_export import BUNDLED, PAGE_FILES
 from charlm.version import __version__
 
 WEIGHTS, CONFIG, VOCAB, CARD = "model.safetensors", "config.json", "vocab.json", "README.md"
@@ -39,23 +39,35 @@ def is_export(path: Path) -> bool:
 
 def check_target(out_dir: str | Path, overwrite: bool) -> None:
     """Refuse in one line (nothing written) where an export may not go: a file; the current folder or one above it;
-    a folder with anything in it, without --overwrite; with it, a folder that is not an earlier export (a run folder,
-    a project: --overwrite replaces an export, never the user's other files)."""
-    out = Path(os.path.abspath(out_dir))  # "." and "a/.." named as the folders they are
+    a folder with anything in it, without --overwrite; with it, a folder that is not an earlier export or holds
+    anything an export does not write (a run folder, a project, a web host's .git: never the user's other files)."""
+    out = export_path(out_dir)
     if out.exists() and not out.is_dir():
         raise UsageError(f"{out_dir} is a file, not a folder: choose another DIR")
-    here = Path.cwd()
+    here = Path.cwd().resolve()
     if out == here or out in here.parents:  # renamed away under the shell that stands in it
         raise UsageError(f"{out_dir} is the current folder or holds it: export into a folder below it")
     if not out.is_dir() or not any(out.iterdir()):
         return
     if not overwrite:
         raise UsageError(f"{out_dir} exists and is not empty: choose another DIR, or add --overwrite to replace it")
-    if not _written_by_export(out):
+    others = sorted(p.name for p in out.iterdir() if p.name not in EXPORT_NAMES and p.suffix != ".onnx")
+    if not _written_by_export(out) or others:
+        held = f" ({', '.join(others[:3])}{', ...' if len(others) > 3 else ''})" if others else ""
         raise UsageError(
-            f"{out_dir} holds files that are not a charlm export (--overwrite replaces only an earlier export, "
-            "never a run folder or other files): choose another DIR"
+            f"{out_dir} holds files that are not a charlm export's{held}: --overwrite replaces only an earlier "
+            "export, never other files; choose another DIR"
         )
+
+
+def export_path(out_dir: str | Path) -> Path:
+    """DIR as the folder it names: absolute, ".." and symlinks resolved (a link to an export replaces the export and
+    keeps the link)."""
+    return Path(out_dir).resolve()
+
+
+# What an export folder may hold: these, and graphs (*.onnx); anything else is the user's and never replaced.
+EXPORT_NAMES = {WEIGHTS, CONFIG, VOCAB, CARD, *PAGE_FILES, BUNDLED.rstrip("/")}
 
 
 def _written_by_export(folder: Path) -> bool:
@@ -68,11 +80,22 @@ def _written_by_export(folder: Path) -> bool:
 
 
 def export_folder(out_dir: Path) -> Path:
-    """A temp folder beside DIR to write the export into, renamed into place (replace_folder) once complete."""
+    """A temp folder beside DIR to write the export into, renamed into place (move_into_place) once complete."""
     try:
-        return folder_beside(out_dir)
+        return folder_beside(export_path(out_dir))
     except OSError as e:
         raise UsageError(f"cannot create export folder {out_dir}: {e.strerror}") from None
+
+
+def move_into_place(temp: Path, out_dir: Path) -> None:
+    """The finished export renamed to DIR (an earlier one there replaced whole), or one line saying why not."""
+    try:
+        replace_folder(temp, export_path(out_dir))
+    except OSError as e:
+        raise UsageError(
+            f"cannot put the export in place at {out_dir}: {e.strerror} (a mount point or another file system? "
+            "export into a new folder inside it)"
+        ) from None
 
 
 def write_export(ckpt: Checkpoint, out_dir: Path, card: str) -> list[Path]:
@@ -98,8 +121,8 @@ def write_export(ckpt: Checkpoint, out_dir: Path, card: str) -> list[Path]:
     temp = export_folder(out_dir)
     try:
         for name, data in files.items():
-            (temp / name).write_bytes(data)
-        replace_folder(temp, out_dir)
+            atomic_write(temp / name, lambda f, data=data: f.write(data))  # on disk before the folder is renamed
+        move_into_place(temp, out_dir)
     except BaseException:
         shutil.rmtree(temp, ignore_errors=True)
         raise

@@ -23,11 +23,10 @@ from charlm.data.tokenizer import Tokenizer, tokenizer_from_json
 from charlm.decoding.stepped import RuntimeCheck
 from charlm.errors import UsageError, WorkError
 from charlm.families.base import Family, Loaded
-from charlm.files import replace_folder
 from charlm.models.decoder import decoder_reach, relative_positions
 from charlm.models.onnx_graphs import Graph
 from charlm.storage.checkpoint import Checkpoint
-from charlm.storage.export import CONFIG, VOCAB, check_target, data_name, export_folder
+from charlm.storage.export import CONFIG, VOCAB, check_target, data_name, export_folder, move_into_place
 from charlm.storage.onnx_runtime import ONNX_HINT, OnnxRuntime
 from charlm.version import __version__
 
@@ -148,7 +147,7 @@ def write_onnx_export(
         _write_files(temp, ckpt, graphs, check, card())
         if extra is not None:
             extra(temp)
-        replace_folder(temp, out_dir)
+        move_into_place(temp, out_dir)
     except BaseException:
         shutil.rmtree(temp, ignore_errors=True)
         raise

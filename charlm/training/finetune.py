@@ -30,8 +30,8 @@ def load_source(path: str | Path) -> Checkpoint:
     return load_model_file(path)
 
 
-# What a fine-tuned run takes from its source (the weights' shape and how text becomes ids), and the model keys that
-# shape no weight, which the command line may still set for it (regularisation for the new text).
+# What a fine-tuned run takes from its source (the weights' shape and how text becomes ids), and its dropout keys,
+# which the command line may still set for it (regularisation for the new text).
 SOURCE_KEYS = {f"model.{f.name}" for f in fields(ModelConfig)} | {"data.tokenizer"}
 MODEL_KEYS = {"model.dropout", "model.attention_dropout"}
 

@@ -261,7 +261,6 @@ class Trainer:
         should end the run."""
         t0 = time.perf_counter()
         tc, s = self.config.train, self.state
-        self.folder.begin()  # train.eval_at_start writes before any step
         # With train.ema_decay the average is the model the run hands over (best.pt, the final pass), so it is the
         # one scored and chosen; the training weights go on from where they were.
         with self.average.in_model() if self.average is not None else contextlib.nullcontext():
@@ -272,6 +271,7 @@ class Trainer:
                     f"loss became {val} at step {s.step} (evaluation); training stopped without saving, the last "
                     "checkpoints are untouched (try a lower train.lr or train.grad_clip)"
                 )
+            self.folder.begin()  # scored: train.eval_at_start's first record and checkpoint come before any step
             improved = val < s.best_val_loss
             s.best_val_loss = min(val, s.best_val_loss)
             s.evals_since_best = 0 if improved else s.evals_since_best + 1

@@ -39,8 +39,8 @@ from charlm.training.loop import Trainer
 from charlm.training.metrics import require_loggers
 from charlm.training.setup import StopRequest, seed_for_rank, training_dtype
 
-# Keys that may change when resuming: limits and schedule knobs. Anything else would silently
-# make the resumed run a different run.
+# Keys that may change when resuming: limits, schedule knobs, logging and the sampling defaults. Anything else would
+# silently make the resumed run a different run.
 RESUMABLE_KEYS = {
     "train.max_steps",
     "train.max_seconds",
@@ -158,7 +158,8 @@ def resume_config(saved: Config, given: dict[str, Any]) -> Config:
     """The checkpoint's config with the command's settings applied.
 
     A setting equal to the saved value is fine (the same command, re-run with --resume); a real change is allowed for
-    the limits and schedule knobs in RESUMABLE_KEYS and refused for anything else, each problem named once.
+    the keys in RESUMABLE_KEYS (limits, schedule knobs, sampling defaults) and refused for anything else, each
+    problem named once.
     """
     saved_values = saved.flat()
     errors, changes = [], {}
