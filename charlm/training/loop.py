@@ -221,7 +221,8 @@ class Trainer:
         if self.stop.requested is not None and first:  # a stop asked for while the first step ran: nothing to keep
             raise self._stopped_before_training()
         self.stop.arm()
-        self.folder.begin()  # trained: the run being overwritten goes now, not before
+        if first:
+            self.folder.begin()  # trained: the run being overwritten goes now, not before
         per_step_tokens = self.step_tokens * self.dist.world_size  # pairs: rank 0's count stands for each rank's
         s.step += 1
         s.tokens += per_step_tokens
@@ -241,6 +242,8 @@ class Trainer:
         except CharlmError:
             raise
         except Exception as e:  # compiler errors come in many types (BackendCompilerFailed, InductorError, ...)
+            if out_of_memory(e):  # the batch's fault, not the compiler's: eager would fail the same way
+                raise
             if self.stop.requested is not None:  # a stop request, wrapped by the compiler
                 raise self._stopped_before_training() from None
             self.reporter.warn(f"torch.compile failed ({type(e).__name__}); training without it")
