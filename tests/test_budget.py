@@ -189,3 +189,15 @@ def test_a_small_corpus_shortens_the_rule_s_context_to_fit_its_validation_split(
     result = run_cli(*args, "--data", tiny, "--out-dir", tmp_path / "tiny", "--quiet")
     assert_one_line_error(result, 2, "too short", "validation split has 10 tokens", "model.block_size", "data.val_size")
     assert recipe_for(600, 1_800, val_chars=100)["model.block_size"] == 64  # halved until a window fits
+
+
+def test_the_user_s_keys_are_checked_beside_the_rule_s_shape_not_the_default_s(tmp_path, corpus):
+    """128 wide goes with the rule's 4 heads at 10 minutes (the default config's 3 would refuse it); a key of the
+    user's that disagrees with the rule's is refused naming what the rule chose."""
+    args = ("--data", corpus, "--max-steps", 1, "--quiet")
+    run_cli("train", "--budget", "10m", "--set", "model.n_embd=128", *args, "--out-dir", tmp_path / "a", check=True)
+    model = load_config(tmp_path / "a" / "config.yaml").model
+    assert (model.n_layer, model.n_head, model.n_embd) == (5, 4, 128)
+    refused = run_cli("train", "--budget", "10m", "--set", "model.n_embd=100", *args, "--out-dir", tmp_path / "b")
+    assert_one_line_error(refused, 2, "n_embd / n_head = 25", "--budget 10m chose model.n_head=4", "--set")
+    assert not (tmp_path / "b").exists()

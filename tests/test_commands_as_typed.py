@@ -98,6 +98,19 @@ def test_resume_refuses_a_real_change_naming_saved_and_given_values_once(tmp_pat
     assert both.stderr.count("model.n_embd") == 1 and both.stderr.count("train.lr cannot") == 1
 
 
+def test_resume_checks_the_given_keys_beside_the_run_s_own_not_the_defaults(tmp_path, corpus):
+    """The run is 48 wide with 3 heads: its heads given again are no change (the defaults' 128 wide would refuse 3
+    heads), and a change that leaves the run no limit is refused, the run left as it was."""
+    run = tmp_path / "r"
+    run_cli(*train_cli(corpus, run, steps=4, sets=["model.n_embd=48", "model.n_head=3"]), check=True)
+    again = run_cli(*train_cli(out=run, resume=True, steps=6, json=True, sets=["model.n_head=3"]), check=True)
+    assert json.loads(again.stdout)["steps"] == 6
+    before = (run / "last.pt").read_bytes()
+    limitless = run_cli(*train_cli(out=run, resume=True, sets=["train.max_steps=0", "train.max_seconds=0"]))
+    assert_one_line_error(limitless, 2, "train.max_steps and train.max_seconds are both 0")
+    assert (run / "last.pt").read_bytes() == before
+
+
 def test_resume_compares_a_given_config_file_too(tmp_path, corpus):
     run_cli(*train_cli(corpus, tmp_path / "r", steps=5, config="tiny"), check=True)
     same = run_cli(*train_cli(corpus, tmp_path / "r", steps=10, config="tiny", resume=True, json=True), check=True)

@@ -114,6 +114,10 @@ def test_init_from_on_the_command_line_and_its_mistakes(tmp_path, halves, source
     regularised = run_cli(*train_cli(second, tmp_path / "d", steps=2, init_from=source_run, sets=["model.dropout=0.2"]))
     assert regularised.returncode == 0, regularised.stderr
     assert "dropout: 0.2" in (tmp_path / "d" / "config.yaml").read_text()
+    # the command line's model keys meet the source's model, not the default config's (whose 3 heads refuse 32 wide)
+    same = ["model.n_embd=32", "model.n_layer=1"]
+    kept = run_cli(*train_cli(second, tmp_path / "f", steps=2, config=[], init_from=source_run, sets=same))
+    assert kept.returncode == 0, kept.stderr
     for sets, needle in ((["model.n_layer=4"], "model.n_layer=4 (it has 1)"), (["data.tokenizer=byte"], "'byte'")):
         refused = run_cli(*train_cli(second, tmp_path / "e", steps=2, init_from=source_run, sets=sets))
         assert_one_line_error(refused, 2, "--init-from keeps the shape and tokenizer", needle)

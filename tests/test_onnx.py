@@ -252,8 +252,9 @@ def test_overwrite_replaces_an_earlier_export_whole_and_nothing_else(tmp_path, t
     assert (exported / ".git").is_dir()
     (exported / ".git").rmdir()
     (tmp_path / "latest").symlink_to(exported)  # a link to an export: the export is replaced, the link kept
-    run_cli("export", ckpt, tmp_path / "latest", "--format", "onnx", "--overwrite", check=True)
-    assert (tmp_path / "latest").is_symlink() and (exported / "model.onnx").is_file()
+    earlier = (exported / "model.safetensors").stat().st_ino
+    run_cli("export", ckpt, tmp_path / "latest", "--overwrite", check=True)
+    assert (tmp_path / "latest").is_symlink() and (exported / "model.safetensors").stat().st_ino != earlier
     (tmp_path / "empty").mkdir()  # an empty folder is taken, moved aside as an old export is
     run_cli("export", ckpt, tmp_path / "empty", check=True)
     assert (tmp_path / "empty" / "model.safetensors").is_file()

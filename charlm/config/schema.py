@@ -384,10 +384,14 @@ def _option_settings(options: Options) -> list[Setting]:
 
 
 def explicit_settings(sets: list[str], options: Options) -> dict[str, Any]:
-    """Only what the user gave on the command line, type- and range-checked (used when resuming)."""
+    """Only what the user gave on the command line, each value checked on its own: they meet the rest of a config
+    later (a resumed run's, an --init-from source's model), where the keys that must agree are checked."""
     settings = [parse_set(item) for item in sets] + _option_settings(options)
-    config = build_config(settings)
-    return {s.key: getattr(getattr(config, s.key.split(".")[0]), s.key.split(".")[1]) for s in settings}
+    raise_all([problem for problem in map(setting_problem, settings) if problem])
+    values: dict[str, dict[str, Any]] = {name: {} for name in SECTIONS}
+    for s in settings:
+        _apply(values, s)
+    return {s.key: values[s.key.split(".")[0]][s.key.split(".")[1]] for s in settings}
 
 
 def config_from_dict(raw: dict[str, Any], source: str) -> Config:

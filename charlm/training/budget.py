@@ -83,6 +83,9 @@ MUON_WEIGHT_DECAY = 0.1
 # Start-up and the final validation pass come out of the budget: 7% of it (configs/cpu.yaml's 93 s of 100), at most
 # a minute.
 RESERVE_FRACTION, RESERVE_MAX_S = 0.07, 60.0
+# The corpus size the rule's keys are checked with before the corpus is at hand (it may yet be downloaded): its shape
+# does not depend on it, and a smaller corpus only shortens the context and adds dropout.
+ANY_CORPUS_CHARS = 10**12
 
 # configs/cpu.yaml's recipe apart from what the dial sets; a test checks that the 100 s row gives that file's values.
 FIXED = {
@@ -210,7 +213,7 @@ class BudgetRequest:
 
     def config(self, say: Callable[[str], None]) -> Config:
         """The run's configuration: the rule's keys where the user gave none; says what was chosen in one line."""
-        base = cfg.load_config(self.config_file or cfg.DEFAULT_CONFIG, self.sets, self.options)
+        base = _check_with_rule(self.text, self.seconds, self.config_file, self.sets, self.options, self.user_keys)
         ensure_builtin_corpus(base.data.path, say)
         chars, val_chars = split_characters(base)
         kept = {k: v for k, v in base.flat().items() if k in self.user_keys}
@@ -262,13 +265,6 @@ def plan_budget(text: str, config_file: str | None, sets: list[str], options: cf
         raise UsageError(
             f"--budget {text} sets train.max_seconds, and {user_keys['train.max_seconds']} gives it too; keep one"
         )
-    base = cfg.load_config(config_file or cfg.DEFAULT_CONFIG, sets, options)  # every other mistake, said as usual
-    run_family = family_for(base)
-    if run_family is not family("decoder"):  # the lines family is a decoder too, on other batches
-        raise UsageError(
-            f"--budget picks the recipe of a decoder on running text, not of {run_family.noun or 'this run'}; for "
-            "this run set train.max_seconds yourself"
-        )
     # A config the user chose: its keys are theirs, but for the limits the budget owns. The default config's are not:
     # the rule's 100 s row is that recipe, so naming it (as charlm.train does) changes nothing.
     default = cfg.find_config(cfg.DEFAULT_CONFIG).resolve()
@@ -278,4 +274,33 @@ def plan_budget(text: str, config_file: str | None, sets: list[str], options: cf
         for s in settings:
             if s.key not in ("train.max_seconds", "train.max_steps"):
                 user_keys.setdefault(s.key, s.source)
+    base = _check_with_rule(text, seconds, config_file, sets, options, user_keys)
+    run_family = family_for(base)
+    if run_family is not family("decoder"):  # the lines family is a decoder too, on other batches
+        raise UsageError(
+            f"--budget picks the recipe of a decoder on running text, not of {run_family.noun or 'this run'}; for "
+            "this run set train.max_seconds yourself"
+        )
     return BudgetRequest(text, seconds, config_file, list(sets), dict(options), user_keys)
+
+
+def _check_with_rule(
+    text: str, seconds: float, config_file: str | None, sets: list[str], options: cfg.Options, user_keys: dict
+) -> Config:
+    """The user's settings checked beside the rule's (its shape for the budget, as for a corpus of any size), not the
+    default config's: 128 wide goes with the rule's 4 heads at 10 minutes. A key of the rule's that a problem names
+    is said, so that the user knows what to set beside their own."""
+    rule = {k: v for k, v in recipe_for(seconds, ANY_CORPUS_CHARS).items() if k not in user_keys}
+    with_rule = {**options, **{k: ("--budget", v) for k, v in rule.items()}}
+    try:
+        return cfg.load_config(config_file or cfg.DEFAULT_CONFIG, sets, with_rule)  # every other mistake as usual
+    except UsageError as e:
+        problems = e.details or [str(e)]
+        shape = [k for k in rule if k not in FIXED and rule[k] is not None]  # FIXED: the default config's own
+        named = [k for k in shape if any(re.search(rf"\b{k.split('.')[1]}\b", p) for p in problems)]
+        if not named:
+            raise
+        chose = ", ".join(f"{k}={rule[k]}" for k in named)
+        hint = f"--budget {text} chose {chose}: set {'it' if len(named) == 1 else 'them'} too with --set"
+        message = str(e).removesuffix(":")
+        raise UsageError(f"{message} ({hint}){':' if e.details else ''}", details=e.details) from None

@@ -15,7 +15,8 @@ from typing import Any, cast
 
 import torch
 
-from charlm.config.schema import Config, ModelConfig
+from charlm.config.checks import config_problems
+from charlm.config.schema import Config, ModelConfig, raise_all
 from charlm.data.prepare import prepare
 from charlm.data.tokenizer import CharTokenizer, Tokenizer
 from charlm.errors import UsageError
@@ -51,6 +52,7 @@ def finetune_config(requested: Config, source: Checkpoint, explicit: dict[str, A
     changed = {key.split(".", 1)[1]: explicit[key] for key in MODEL_KEYS & explicit.keys()}
     requested.model = replace(source.config.model, **changed)
     requested.data.tokenizer = source.config.data.tokenizer
+    raise_all(config_problems(requested))  # the source's model beside the command's data and training
     return requested
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from charlm.config import schema as cfg
+from charlm.config.checks import config_problems
 from charlm.config.schema import Config
 from charlm.data.corpus import Corpus, same_content
 from charlm.data.download import ensure_builtin_corpus
@@ -127,7 +128,8 @@ def resolve_run(
                 "--budget picks a model's shape and --init-from keeps its model's; give --max-seconds instead"
             )
         planned = plan_budget(budget, config_file, sets, options)
-    settings, changes = requested_config(config_file, sets, options, resume)
+    # With a budget, the run's config waits for the rule (planned.config): plan_budget has checked the settings.
+    settings, changes = (None, {}) if planned else requested_config(config_file, sets, options, resume, init_from)
     if init_from is not None and not resume:  # the source's model, unless the command line asks otherwise
         changes = {k: v for k, v in cfg.explicit_settings(sets, options).items() if k in SOURCE_KEYS}
     folder = Path(out_dir) if out_dir is not None else RUNS_DIR / Path(config_file or cfg.DEFAULT_CONFIG).stem
@@ -135,7 +137,7 @@ def resolve_run(
 
 
 def requested_config(
-    config_file: str | None, sets: list[str], options: cfg.Options, resume: bool
+    config_file: str | None, sets: list[str], options: cfg.Options, resume: bool, init_from: str | Path | None = None
 ) -> tuple[Config | None, dict[str, Any]]:
     """What a command asks for: a whole config for a fresh run; for a resume, the settings to compare with the run's
     (all of a --config file's keys with the command line's on top, or only the command line's without --config).
@@ -143,6 +145,10 @@ def requested_config(
     A config file's data.path is not compared on resume unless --data (or --set data.path) gives it: the run's
     corpus fixed its vocabulary, and a file's default path says nothing about it.
     """
+    if not resume and init_from is not None:  # the source's model and tokenizer: the command's own meet it later
+        theirs = [item for item in sets if cfg.parse_set(item).key not in SOURCE_KEYS]
+        mine = {k: v for k, v in options.items() if k not in SOURCE_KEYS}
+        return cfg.load_config(config_file or cfg.DEFAULT_CONFIG, theirs, mine), {}
     if not resume:
         return cfg.load_config(config_file or cfg.DEFAULT_CONFIG, sets, options), {}
     explicit = cfg.explicit_settings(sets, options)
@@ -182,6 +188,7 @@ def resume_config(saved: Config, given: dict[str, Any]) -> Config:
     for key, value in changes.items():
         section, name = key.split(".", 1)
         setattr(getattr(saved, section), name, value)
+    cfg.raise_all(config_problems(saved))  # the changes beside the run's other keys (both limits 0, say)
     return saved
 
 
