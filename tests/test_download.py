@@ -147,3 +147,4 @@ def test_a_different_existing_file_is_kept_without_force(corpus, tmp_path):
 def test_bad_urls_are_usage_errors(tmp_path):
     assert_one_line_error(run_cli("download", "--url", "ftp://example.com/x"), 2, "ftp://")
     assert_one_line_error(run_cli("download", "--url", (tmp_path / "missing.txt").as_uri()), 2, "missing.txt")
+    assert_one_line_error(run_cli("download", "--url", tmp_path.as_uri()), 2, "is a folder", "corpus file in it")

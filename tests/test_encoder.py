@@ -72,7 +72,7 @@ def test_what_an_encoder_cannot_do_is_one_line(encoder_run, tiny_checkpoint):
     assert_one_line_error(run_cli("sample", encoder_run, "--prompt", "ROMEO"), 2, "fill")
     assert_one_line_error(run_cli("fill", tiny_checkpoint), 2, "generate")
     assert_one_line_error(run_cli("fill", encoder_run, "--prompt", "no blanks"), 2, "no '_' to fill")
-    assert_one_line_error(run_cli("fill", encoder_run, "--prompt", "_" * 17), 2, "context is 16")
+    assert_one_line_error(run_cli("fill", encoder_run, "--prompt", "_" * 17), 2, "context is 16", "at most 16")
     assert_one_line_error(run_cli("eval", encoder_run, "--stride", "2"), 2, "hidden characters")
     assert_one_line_error(run_cli("serve", encoder_run, "--port", "0"), 2, "fill")  # nothing to complete
     with pytest.raises(UsageError, match="fill"):

@@ -218,7 +218,7 @@ def test_a_checkpoint_that_would_run_code_is_refused_everywhere(tmp_path, corpus
     assert not marker.exists()
 
 
-@pytest.mark.parametrize("kind", ["truncated", "random", "empty", "not-a-dict", "format", "vocab", "shape"])
+@pytest.mark.parametrize("kind", ["truncated", "random", "text", "empty", "not-a-dict", "format", "vocab", "shape"])
 def test_broken_checkpoints_are_one_clear_line(tmp_path, kind):
     path = tmp_path / "bad.pt"
     good = _good_checkpoint(tmp_path / "good.pt")
@@ -227,6 +227,8 @@ def test_broken_checkpoints_are_one_clear_line(tmp_path, kind):
         path.write_bytes(good[: len(good) // 2])
     elif kind == "random":
         path.write_bytes(random.Random(0).randbytes(5000))
+    elif kind == "text":  # a file of items given where the checkpoint goes: torch's unpickler raised IndexError
+        path.write_text("abc\n\nzzz\n")
     elif kind == "empty":
         path.write_bytes(b"")
     elif kind == "not-a-dict":

@@ -85,7 +85,7 @@ def split_sizes(n: int, data: DataConfig, source: str, unit: str = "tokens") -> 
     n_val, n_test = (0 if data.val_path else n_val), (0 if data.test_path else n_test)
     if n_val + n_test >= n:
         raise UsageError(
-            f"{source} has {n:,} {unit}, but its validation ({n_val:,}) and test ({n_test:,}) splits "
+            f"{source} has {n:,} {unit.removesuffix('s') if n == 1 else unit}, but its validation ({n_val:,}) and test ({n_test:,}) splits "
             "leave none for training; lower data.val_size/test_size or the fractions"
         )
     return n - n_val - n_test, n_val, n_test

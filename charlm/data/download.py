@@ -111,6 +111,8 @@ def _check_url(url: str) -> None:
         raise UsageError(f"unsupported URL {url!r}: use http://, https:// or file://")
     if scheme == "file":
         path = Path(urllib.request.url2pathname(urllib.parse.urlparse(url).path))
+        if path.is_dir():
+            raise UsageError(f"--url {url} is a folder: give the URL of the corpus file in it")
         if not path.is_file():
             raise UsageError(f"no such file for --url {url}: {path}")
 

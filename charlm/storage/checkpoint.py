@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import copy
 import pickle
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -161,7 +160,9 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
         if "GLOBAL" in str(e):
             reason = "it holds objects other than tensors and plain data (refused: loading it could run code)"
         raise UsageError(f"cannot load checkpoint {path}: {reason}") from None
-    except (RuntimeError, EOFError, zipfile.BadZipFile, ValueError, OSError, AttributeError, KeyError) as e:
+    except MemoryError:
+        raise
+    except Exception as e:  # the unpickler raises many types on other bytes (IndexError on a text file)
         raise UsageError(f"cannot load checkpoint {path}: it is truncated, damaged or not a charlm checkpoint") from e
     return _check(path, state)
 
