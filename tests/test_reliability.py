@@ -5,7 +5,10 @@ from __future__ import annotations
 import errno
 import json
 import os
+import pickle
 import random
+import stat
+import warnings
 from pathlib import Path
 
 import pytest
@@ -218,7 +221,9 @@ def test_a_checkpoint_that_would_run_code_is_refused_everywhere(tmp_path, corpus
     assert not marker.exists()
 
 
-@pytest.mark.parametrize("kind", ["truncated", "random", "text", "empty", "not-a-dict", "format", "vocab", "shape"])
+@pytest.mark.parametrize(
+    "kind", ["truncated", "random", "text", "pickle", "empty", "not-a-dict", "format", "vocab", "shape"]
+)
 def test_broken_checkpoints_are_one_clear_line(tmp_path, kind):
     path = tmp_path / "bad.pt"
     good = _good_checkpoint(tmp_path / "good.pt")
@@ -229,6 +234,8 @@ def test_broken_checkpoints_are_one_clear_line(tmp_path, kind):
         path.write_bytes(random.Random(0).randbytes(5000))
     elif kind == "text":  # a file of items given where the checkpoint goes: torch's unpickler raised IndexError
         path.write_text("abc\n\nzzz\n")
+    elif kind == "pickle":  # plain pickle.dump: torch warned about its protocol on stderr before refusing it
+        path.write_bytes(pickle.dumps({"a": 1}, protocol=4))
     elif kind == "empty":
         path.write_bytes(b"")
     elif kind == "not-a-dict":
@@ -243,9 +250,12 @@ def test_broken_checkpoints_are_one_clear_line(tmp_path, kind):
         state["config"]["model"]["n_embd"] = 32
         torch.save(state, path)
     for command in ("eval", "sample", "info"):
-        result = run_cli(command, path)
+        with warnings.catch_warnings(record=True) as caught:  # a warning would print lines beside the error's
+            warnings.simplefilter("always")
+            result = run_cli(command, path)
         assert_one_line_error(result, 2, str(path))
         assert "could run code" not in result.stderr  # damaged is not dangerous: say which
+        assert not caught, [str(w.message) for w in caught]
 
 
 def test_torch_older_than_2_6_is_refused():
@@ -328,3 +338,20 @@ def test_unknown_checkpoint_key_layout_is_not_a_partial_load(tmp_path):
     torch.save(state, tmp_path / "partial.pt")
     with pytest.raises(UsageError, match="does not match"):
         load_checkpoint(tmp_path / "partial.pt").build_model()
+
+
+def test_written_files_take_the_umask_s_mode_and_keep_a_replaced_file_s(tmp_path):
+    """Not mkstemp's 0600: a run folder or an export is read by others (a web server, a colleague)."""
+    old = os.umask(0o022)
+    try:
+        atomic_write(tmp_path / "new.json", lambda f: f.write(b"{}"))
+        assert stat.S_IMODE((tmp_path / "new.json").stat().st_mode) == 0o644
+        (tmp_path / "shared.png").write_bytes(b"old")
+        (tmp_path / "shared.png").chmod(0o664)
+        atomic_write(tmp_path / "shared.png", lambda f: f.write(b"new"))
+        assert stat.S_IMODE((tmp_path / "shared.png").stat().st_mode) == 0o664
+        os.umask(0o077)
+        atomic_write(tmp_path / "private.pt", lambda f: f.write(b"x"))
+        assert stat.S_IMODE((tmp_path / "private.pt").stat().st_mode) == 0o600
+    finally:
+        os.umask(old)

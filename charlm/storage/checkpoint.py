@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import pickle
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -153,7 +154,9 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
     if not path.exists():
         raise UsageError(f"checkpoint not found: {path} (train one with `charlm train`, or check the path)")
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # torch warns about a plain pickle's protocol before refusing it
+            warnings.simplefilter("ignore")
+            state = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
         # The weights-only unpickler names the global it refused (e.g. posix.system) when a file asks for code.
         reason = "it is truncated, damaged or not a charlm checkpoint"
