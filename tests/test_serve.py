@@ -154,6 +154,7 @@ GOOD = {"model": "charlm", "prompt": "JULIET:", "max_tokens": 5}
     ("body", "status", "needle"),
     [
         (b"{not json", 400, "not valid JSON"),
+        (b"[" * 5000 + b"]" * 5000, 400, "nested too deeply"),  # Python's JSON decoder hits its recursion limit
         ([1, 2], 400, "JSON object"),
         ({**GOOD, "max_tokens": "50"}, 400, "max_tokens must be a whole number"),
         ({**GOOD, "max_tokens": 501}, 400, "max_tokens must be between 1 and 500"),

@@ -96,6 +96,8 @@ async def read_body(request: Request, limits: Limits) -> Any:
         return json.loads(b"".join(chunks))
     except (ValueError, UnicodeDecodeError) as e:
         raise BadRequest(400, f"the body is not valid JSON ({e})") from None
+    except RecursionError:  # arrays or objects nested past Python's recursion limit: no request needs that
+        raise BadRequest(400, "the body's JSON is nested too deeply") from None
 
 
 def served_name(name: Any, model_name: str) -> None:
