@@ -255,6 +255,8 @@ def test_overwrite_replaces_an_earlier_export_whole_and_nothing_else(tmp_path, t
     earlier = (exported / "model.safetensors").stat().st_ino
     run_cli("export", ckpt, tmp_path / "latest", "--overwrite", check=True)
     assert (tmp_path / "latest").is_symlink() and (exported / "model.safetensors").stat().st_ino != earlier
+    under_a_file = target / "notes.txt" / "export"
+    assert_one_line_error(run_cli("export", ckpt, under_a_file), 2, "notes.txt is a file, not a folder")
     (tmp_path / "empty").mkdir()  # an empty folder is taken, moved aside as an old export is
     run_cli("export", ckpt, tmp_path / "empty", check=True)
     assert (tmp_path / "empty" / "model.safetensors").is_file()

@@ -104,6 +104,8 @@ def test_a_sweep_killed_mid_trial_goes_on_with_the_same_command_counting_each_tr
         proc.kill()
         proc.wait()
     assert not (out / "trial-000" / "summary.json").exists()  # the kill landed inside the first trial
+    unplotted = run_cli("plot", out, "-o", tmp_path / "early.png")  # a sweep, not a run folder without metrics
+    assert_one_line_error(unplotted, 2, "is a sweep that holds no completed trial yet", "run its command again")
 
     results = json.loads(run_cli("sweep", spec, "--out-dir", out, "--json", check=True).stdout)
     rows = results["trials"]
@@ -124,6 +126,9 @@ def test_a_sweep_killed_mid_trial_goes_on_with_the_same_command_counting_each_tr
         ({"params": {"model.n_layers": {"choices": [1, 2]}}}, ["model.n_layers", "did you mean 'model.n_layer'"]),
         ({"params": {"train.lr": {"low": 1e-2, "high": 1e-3}}}, ["train.lr", "range is empty"]),
         ({"params": {"model.n_head": {"choices": []}}}, ["model.n_head", "choices is empty"]),
+        ({"params": {"train.lr": {"choices": 0.001}}}, ["train.lr", "choices must be a list", "[0.001]"]),
+        ({"params": {"model.n_head": {"choices": [1, 2, 1]}}}, ["model.n_head", "lists 1 twice"]),
+        ({"params": ["train.lr"]}, ["params must map each key", "['train.lr']"]),
         ({"params": {"model.n_head": {"choices": [1, "two"]}}}, ["model.n_head", "expected an integer", "'two'"]),
         ({"params": {"train.batch_size": {"low": 4, "high": 16}}}, ["train.batch_size", "int: true"]),
         ({"params": {"train.dropout": {"choices": [0.1]}}}, ["train.dropout", "unknown key"]),
@@ -156,6 +161,18 @@ def test_a_bad_spec_is_refused_in_one_line_before_any_trial(tmp_path, corpus, ch
     out = tmp_path / "sweep"
     assert_one_line_error(run_cli("sweep", spec, "--out-dir", out), 2, *needles)
     assert not out.exists()
+
+
+def test_a_missing_base_config_is_said_beside_the_spec_s_other_problems(tmp_path, corpus):
+    spec = write_spec(tmp_path, corpus, {"model.n_head": {"choices": [1, 2]}})
+    raw = yaml.safe_load(spec.read_text())
+    raw["config"] = "nowhere.yaml"
+    raw.pop("trials")
+    spec.write_text(yaml.safe_dump(raw))
+    result = run_cli("sweep", spec, "--out-dir", tmp_path / "sweep")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "2 problems" in result.stderr and "config: config file not found: nowhere.yaml" in result.stderr
+    assert "trials is missing" in result.stderr and not (tmp_path / "sweep").exists()
 
 
 def test_a_key_given_twice_in_a_spec_or_a_config_is_refused_in_one_line(tmp_path, corpus):
@@ -201,6 +218,8 @@ def test_a_folder_that_is_no_sweep_is_not_swept_into(tmp_path, corpus):
     (tmp_path / "busy").mkdir()
     (tmp_path / "busy" / "notes.txt").write_text("mine")
     assert_one_line_error(run_cli("sweep", spec, "--out-dir", tmp_path / "busy"), 2, "not a sweep", "--out-dir")
+    under_a_file = tmp_path / "busy" / "notes.txt" / "sweep"
+    assert_one_line_error(run_cli("sweep", spec, "--out-dir", under_a_file), 2, "cannot write to --out-dir", "Not a")
 
 
 def test_without_optuna_the_sweep_names_the_extra_to_install(tmp_path, corpus, monkeypatch):

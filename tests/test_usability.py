@@ -98,6 +98,8 @@ def test_plot_of_damaged_metrics_or_into_a_folder_is_one_line(tmp_path):
         assert_one_line_error(run_cli("plot", tmp_path, "-o", tmp_path / "p.png"), 2, needle, "damaged")
     (tmp_path / "metrics.jsonl").write_text(json.dumps(good) + "\n")
     assert_one_line_error(run_cli("plot", tmp_path, "-o", tmp_path), 2, "is a folder")
+    under_a_file = tmp_path / "metrics.jsonl" / "p.png"  # mkdir says only 'File exists': the file is named
+    assert_one_line_error(run_cli("plot", tmp_path, "-o", under_a_file), 2, "metrics.jsonl is a file, not a folder")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.jsonl"]
 
 

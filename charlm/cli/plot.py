@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from charlm.errors import UsageError
-from charlm.files import atomic_write
+from charlm.files import atomic_write, folder_problem
 
 PLOTTED = ("step", "elapsed_s", "train_loss", "val_loss", "lr")  # what each evaluation's line must give a number for
 
@@ -48,7 +48,7 @@ def write_png(fig, output: Path) -> None:
     try:
         output.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise UsageError(f"cannot create {output.parent} for --output: {e.strerror}") from None
+        raise UsageError(f"cannot create {output.parent} for --output: {folder_problem(output.parent, e)}") from None
     atomic_write(output, lambda f: fig.savefig(f, format="png", dpi=110))
 
 
@@ -143,12 +143,15 @@ def plot_runs(run_dirs: list[Path], output: Path) -> Path:
 
 
 SWEEP_KIND = "charlm-sweep"  # results.json's mark (charlm.training.sweep.KIND; read here without importing torch)
+SWEEP_STUDY = "study.db"  # a sweep folder's Optuna study (charlm.training.sweep.STUDY_FILE), there from its start
 
 
 def sweep_results(folder: Path) -> dict | None:
     """A sweep folder's results.json, or None for a folder that is no sweep."""
     path = folder / "results.json"
     if not path.is_file():
+        if (folder / SWEEP_STUDY).is_file():  # a sweep stopped in its first trial: results.json comes after one
+            raise UsageError(f"{folder} is a sweep that holds no completed trial yet; run its command again first")
         return None
     try:
         results = json.loads(path.read_text(encoding="utf-8"))

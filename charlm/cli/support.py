@@ -236,7 +236,8 @@ def _exit(code: int) -> None:
 
 
 def _terminated(signum: int, frame: object) -> None:
-    raise Interrupted("SIGTERM received before any work was done; nothing was written", signum)
+    # Training installs its own handler once it starts; every other command writes through temp files and renames
+    raise Interrupted("SIGTERM received: stopped; no file was left half-written", signum)
 
 
 def _is_click_usage_error(e: Exception) -> bool:

@@ -12,7 +12,7 @@ from typing import Any
 from charlm.config.schema import config_from_dict
 from charlm.data.tokenizer import tokenizer_from_json
 from charlm.errors import UsageError
-from charlm.files import atomic_write, folder_beside, replace_folder
+from charlm.files import atomic_write, folder_beside, folder_problem, replace_folder
 from charlm.storage.checkpoint import Checkpoint
 from charlm.storage.web_export import BUNDLED, PAGE_FILES
 from charlm.version import __version__
@@ -84,7 +84,7 @@ def export_folder(out_dir: Path) -> Path:
     try:
         return folder_beside(export_path(out_dir))
     except OSError as e:
-        raise UsageError(f"cannot create export folder {out_dir}: {e.strerror}") from None
+        raise UsageError(f"cannot create export folder {out_dir}: {folder_problem(out_dir.parent, e)}") from None
 
 
 def move_into_place(temp: Path, out_dir: Path) -> None:

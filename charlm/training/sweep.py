@@ -138,7 +138,10 @@ def run_sweep(
     optuna = require_optuna()
     _check_folder(out_dir)
     _check_data(spec, say)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UsageError(f"cannot write to --out-dir {out_dir}: {e.strerror}; choose a writable folder") from None
     with SweepLock(out_dir):
         study = _open_study(optuna, spec, out_dir)
         for frozen in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):

@@ -103,6 +103,11 @@ def load_spec(path: str | Path) -> SweepSpec:
     if config is not None and not isinstance(config, str):
         errors.append(f"{where} config: expected a config's name or path, got {config!r}")
         config = None
+    if config is not None:  # said beside the spec's other problems, not after they are mended
+        try:
+            cfg.find_config(config)
+        except UsageError as e:
+            errors.append(f"{where} config: {e}")
     fixed = _fixed(raw.get("set"), where, errors)
     seconds, steps = _budget(raw.get("budget"), where, errors)
     sampler = raw.get("sampler", "tpe")
@@ -235,7 +240,10 @@ def _budget(raw: Any, where: str, errors: list[str]) -> tuple[float, int]:
 
 
 def _params(raw: Any, where: str, fixed: dict[str, Any], errors: list[str]) -> list[Param]:
-    if not isinstance(raw, dict) or not raw:
+    if raw is not None and not isinstance(raw, dict):
+        errors.append(f"{where}: params must map each key to its choices or range (docs/sweeps.md), got {raw!r}")
+        return []
+    if not raw:
         errors.append(f"{where}: params is missing or empty; name the keys to sweep (docs/sweeps.md)")
         return []
     params = []
@@ -261,14 +269,29 @@ def _params(raw: Any, where: str, fixed: dict[str, Any], errors: list[str]) -> l
     return params
 
 
+_NONE = object()  # no choice found twice
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Two choices that make the same trial: equal and of one kind (1 and true are not the same choice)."""
+    return type(a) is type(b) and a == b
+
+
 def _param(key: str, body: dict[str, Any], source: str, errors: list[str]) -> Param | None:
     if "choices" in body:
         if any(k in body for k in ("low", "high", "log", "int")):
             errors.append(f"{source}: give either choices or a range (low, high), not both")
             return None
         choices = body["choices"]
-        if not isinstance(choices, list) or not choices:
+        if not isinstance(choices, list):
+            errors.append(f"{source}: choices must be a list, got {choices!r} (choices: [{choices!r}] for one value)")
+            return None
+        if not choices:
             errors.append(f"{source}: choices is empty; list at least one value")
+            return None
+        twice = next((c for i, c in enumerate(choices) if any(_same(c, d) for d in choices[:i])), _NONE)
+        if twice is not _NONE:
+            errors.append(f"{source}: choices lists {twice!r} twice; list each value once")
             return None
         for value in choices:
             if isinstance(value, (list, dict)):
