@@ -146,9 +146,9 @@ def requested_config(
     corpus fixed its vocabulary, and a file's default path says nothing about it.
     """
     if not resume and init_from is not None:  # the source's model and tokenizer: the command's own meet it later
-        theirs = [item for item in sets if cfg.parse_set(item).key not in SOURCE_KEYS]
-        mine = {k: v for k, v in options.items() if k not in SOURCE_KEYS}
-        return cfg.load_config(config_file or cfg.DEFAULT_CONFIG, theirs, mine), {}
+        other_sets = [item for item in sets if cfg.parse_set(item).key not in SOURCE_KEYS]
+        other_options = {k: v for k, v in options.items() if k not in SOURCE_KEYS}
+        return cfg.load_config(config_file or cfg.DEFAULT_CONFIG, other_sets, other_options), {}
     if not resume:
         return cfg.load_config(config_file or cfg.DEFAULT_CONFIG, sets, options), {}
     explicit = cfg.explicit_settings(sets, options)
