@@ -149,6 +149,16 @@ def test_the_wrong_methods_and_flags_are_one_line_errors(trained, tiny_checkpoin
         charlm.load(run).generate("abc")
     with pytest.raises(UsageError, match="generate"):
         charlm.load(tiny_checkpoint).transduce("abc")
+    model = charlm.load(run)
+    for call, needle in (
+        (lambda: model.transduce(5), "sources must be a string"),
+        (lambda: model.transduce(["abc", 3]), "sources must be a string"),
+        (lambda: model.transduction_attention(None), "source must be a string"),
+        (lambda: model.transduce("abc", ensemble=[str(run)]), "models loaded with charlm.load"),
+        (lambda: model.evaluate_pairs(ensemble=model), "models loaded with charlm.load"),
+    ):
+        with pytest.raises(UsageError, match=needle):
+            call()
     assert_one_line_error(run_cli("sample", run, "--prompt", "abc", "--num-samples", "2"), 2, "--num-samples")
     assert_one_line_error(run_cli("sample", run), 2, "needs a source")
     assert_one_line_error(run_cli("sample", run, "--prompt", "a" * 17), 2, "1 to 16 characters")

@@ -126,6 +126,10 @@ def test_empty_lines_are_skipped_and_a_line_too_long_is_refused_or_skipped(tmp_p
     # an item of exactly the room the context leaves (block_size - 1) is kept
     path.write_text("x" * (BLOCK - 1) + "\nanna\nbob\n")
     assert len(LineCorpus.from_config(DataConfig(path=str(path), format="lines", val_size=1), BLOCK).train) == 2
+    # a byte-order mark (a Windows editor's, a spreadsheet's) is no character of the first item
+    path.write_text("\ufeffanna\nbob\n", encoding="utf-8")
+    corpus = LineCorpus.from_config(DataConfig(path=str(path), format="lines", val_size=1), BLOCK)
+    assert "\ufeff" not in corpus.tokenizer.chars and "anna" in corpus.texts("all")
 
 
 def test_an_encoder_on_lines_and_lines_of_bytes_are_refused_in_one_line(names_file, tmp_path):
@@ -194,6 +198,19 @@ def test_a_prompt_with_characters_the_model_never_saw_is_refused_by_name(lines_r
     assert_one_line_error(reserved, 2, "U+0003")
     too_long = run_cli("sample", lines_run, "--prompt", "a" * BLOCK)
     assert_one_line_error(too_long, 2, f"at most {BLOCK - 1}")
+
+
+def test_an_empty_prompt_to_look_at_is_refused_in_one_line(lines_run):
+    """A lines model's empty prompt holds no id at all (its start symbol is the model's own)."""
+    assert_one_line_error(run_cli("attention", lines_run, "--prompt", "", "--json"), 2, "the prompt is empty")
+
+
+def test_another_file_of_two_items_is_scored_whole(lines_run, tmp_path):
+    """Scoring all of another file cuts no splits from it: two items leave no training split, and need none."""
+    two = tmp_path / "two.txt"
+    two.write_text(f"{NAMES[0]}\n{NAMES[1]}\n")
+    result = json.loads(run_cli("eval", lines_run, "--data", two, "--json", check=True).stdout)
+    assert result["items"] == 2 and result["split"] == "all"
 
 
 def test_novel_on_a_text_model_is_refused_in_one_line(tiny_checkpoint):

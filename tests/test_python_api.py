@@ -92,6 +92,7 @@ def test_errors_are_the_cli_errors_and_importable_from_charlm(tiny_checkpoint):
         with pytest.raises(charlm.UsageError, match="path must name a checkpoint"):
             charlm.load(path)
     mistakes = [({"budget": 60}, "budget must be a duration string"), ({"overrides": [("a", 1)]}, "overrides must")]
+    mistakes += [({"out_dir": 5}, "out_dir must be a folder's path")]
     mistakes += [({"resume": True, "overwrite": True}, "contradict")]
     for arguments, needle in mistakes:
         with pytest.raises(charlm.UsageError, match=needle):

@@ -107,12 +107,15 @@ class Model:
     def sample_items(self, prompt: str = "", options: DecodeOptions | None = None, novel: bool = False) -> dict:
         """A lines model's items (`charlm sample`): {"items": [{"text", "logprob", "per_char", "ended"}], "sampled",
         "chars_per_s"}; `novel` keeps the items that are not in the training split and adds "new" and "new_share"."""
+        if options is not None and not isinstance(options, DecodeOptions):
+            raise UsageError(f"options must be a charlm DecodeOptions (DecodeOptions.from_config), got {options!r}")
+        prompt = _strings([prompt], "prompt")[0]
         return lines.draw_items(self, prompt, options or DecodeOptions.from_config(self.config.sample), novel)
 
     def score_items(self, text: str, where: str = "the text", **options: Any) -> ItemsResult:
         """A lines model (`charlm score`): each non-empty line of `text` as one item, its log-likelihood and nats per
         character in `.scores`, in the text's order; options: unknown, replace_with, batch_size."""
-        return lines.score_lines(self, text, where, **options)
+        return lines.score_lines(self, _strings([text], "text")[0], where, **options)
 
     def generate(
         self,
@@ -174,7 +177,7 @@ class Model:
         and token error rates of greedy (or beam) decoding, a source right if it matches any of its lines;
         characters the model never saw refused, their lines skipped, or replaced (`unknown`). `ensemble`: other
         encoder-decoders of the same vocabulary that decode and score with this one (their mean log-probabilities)."""
-        return pairs.evaluate_pairs(self, path, split, beam, batch_size, unknown, replace_with, ensemble)
+        return pairs.evaluate_pairs(self, path, split, beam, batch_size, unknown, replace_with, _models(ensemble))
 
     def pair_scorer(self, beam: int) -> Any:
         """What scores an encoder-decoder's pairs in evaluate_pairs: None, the torch model's own score_pairs (an
@@ -209,8 +212,8 @@ class Model:
     ) -> str | list[str]:
         """An encoder-decoder's target for a source (a list for a list): greedy by default, `beam` > 1 for beam
         search; with `ensemble` (other encoder-decoders of the same vocabulary), decoded by all of them together."""
-        many = [sources] if isinstance(sources, str) else list(sources)
-        decoding = (beam, temperature, top_k, top_p, seed, unknown, replace_with, ensemble)
+        many = [sources] if isinstance(sources, str) else _strings(sources, "sources")
+        decoding = (beam, temperature, top_k, top_p, seed, unknown, replace_with, _models(ensemble))
         targets = pairs.transduce_sources(self, many, *decoding)
         return targets[0] if isinstance(sources, str) else targets
 
@@ -224,7 +227,7 @@ class Model:
         """An encoder-decoder's attention on a source and its greedy target: {"source": chars, "target": chars
         (each decoder position's output, the last being the end), "encoder": (Le, nh, S, S), "decoder":
         (Ld, nh, T, T), "cross": (Ld, nh, T, S)}; rows are queries and sum to 1."""
-        return pairs.transduction_attention(self, source, unknown)
+        return pairs.transduction_attention(self, _strings([source], "source")[0], unknown)
 
     def fill(self, text: str, mask_char: str = "_", top: int = 5) -> dict[str, Any]:
         """An encoder's guess for every `mask_char` of text: {"text": filled, "blanks": [{"position", "candidates":
@@ -234,6 +237,8 @@ class Model:
     def attention(self, prompt: str, unknown: UnknownPolicy = "error") -> torch.Tensor:
         """Attention weights for a prompt of at most the context length: (n_layer, n_head, T, T), rows summing to 1."""
         ids = self.encode_prompt(prompt, unknown)
+        if not ids:  # a lines model's prompt carries no start symbol of its own
+            raise UsageError("the prompt is empty; give at least one character to look at")
         if len(ids) > self.config.model.block_size:
             raise UsageError(
                 f"the prompt has {len(ids)} characters but the model's context is "
@@ -253,6 +258,20 @@ class Model:
 FOLDER_KINDS: list[Callable[[Path, str, str], Model | None]] = []
 # Export formats beside safetensors, registered the same way: (checkpoint, out_dir, web, runtime, overwrite) -> files.
 EXPORT_FORMATS: dict[str, Callable[..., list[Path]]] = {}
+
+
+def _strings(values: Any, what: str) -> list[str]:
+    """A list of strings from the API's caller, or one line saying what else came."""
+    if isinstance(values, (list, tuple)) and all(isinstance(v, str) for v in values):
+        return list(values)
+    raise UsageError(f"{what} must be a string (or a list of strings), got {values!r}")
+
+
+def _models(ensemble: Any) -> list[Any]:
+    """An ensemble as the API takes it: loaded models (charlm.load), never paths (the CLI's --ensemble loads those)."""
+    if isinstance(ensemble, (list, tuple)) and all(hasattr(m, "family") for m in ensemble):  # torch or ONNX
+        return list(ensemble)
+    raise UsageError(f"ensemble must be a list of models loaded with charlm.load, got {ensemble!r}")
 
 
 def load(path: str | Path, device: str = "auto", precision: str = "float32") -> Model:
@@ -326,6 +345,8 @@ def train(
 
     if not isinstance(overrides, (dict, type(None))) or not all(isinstance(k, str) for k in overrides or {}):
         raise UsageError(f'overrides must map dotted keys to values ({{"train.max_steps": 200}}), got {overrides!r}')
+    if out_dir is not None and not isinstance(out_dir, (str, Path)):
+        raise UsageError(f"out_dir must be a folder's path (a str or a Path), got {out_dir!r}")
     if budget is not None and not isinstance(budget, str):
         raise UsageError(f'budget must be a duration string such as "10m" or "90s", got {budget!r}')
     if resume and overwrite:

@@ -53,21 +53,26 @@ def print_eval_result(result: EvalResult) -> None:
     )
 
 
+def _count(n: int, noun: str) -> str:
+    """'1 line', '2 lines' ("such character" -> "such characters")."""
+    return f"{n:,} {noun}" if n == 1 else f"{n:,} {noun}s"
+
+
 def print_transduction_result(r: TransductionResult) -> None:
     scored = _what_was_scored(r.split, r.file)
     tokens = "" if r.token_error_rate is None else f", token error rate {100 * r.token_error_rate:.2f}%"
     decoding = "greedy" if r.beam == 1 else f"beam {r.beam}"
-    counted = f"{r.lines:,} lines"
+    counted = _count(r.lines, "line")
     single = ""
     if r.sources and r.sources != r.lines:  # alternates: scored against every reference, the line-by-line beside
-        counted = f"{r.sources:,} sources on {r.lines:,} lines (any reference counts)"
+        counted = f"{_count(r.sources, 'source')} on {_count(r.lines, 'line')} (any reference counts)"
         single = (
             f"; line by line, one reference each: word error rate {100 * r.single_reference['word_error_rate']:.2f}%"
         )
     if r.unknown_lines:
-        what = f"{r.unknown_chars:,} such characters replaced" if r.unknown_chars else "those lines left out"
+        what = f"{_count(r.unknown_chars, 'such character')} replaced" if r.unknown_chars else "left out"
         stderr_console().print(
-            f"{r.unknown_lines:,} lines of {r.file} hold characters the model never saw: {what}", markup=False
+            f"{_count(r.unknown_lines, 'line')} of {r.file} with characters the model never saw: {what}", markup=False
         )
     stdout_console().print(
         f"{scored}: {counted}; target loss {r.loss:.4f} nats/char ({r.bpc:.4f} bits); {decoding}: exact "

@@ -16,6 +16,10 @@ from charlm.data.tokenizer import CharTokenizer, Tokenizer, UnknownPolicy
 from charlm.errors import UsageError
 
 
+# The byte-order mark Windows editors and spreadsheets write first in UTF-8 files: no character of the text.
+BOM = "\ufeff"
+
+
 def read_text(path: str | Path) -> str:
     """Read a file as strict UTF-8; a missing, empty, non-file or non-UTF-8 file is refused with the reason."""
     path = Path(path)
@@ -31,7 +35,7 @@ def read_text(path: str | Path) -> str:
         raise UsageError(f"cannot read data file {path}: {e.strerror}") from e
     if not raw:
         raise UsageError(f"data file is empty: {path} (give a UTF-8 text file with some text in it)")
-    return decode_utf8(raw, f"data file {path}")
+    return decode_utf8(raw, f"data file {path}").removeprefix(BOM)
 
 
 def read_prompt(source: str) -> str:
@@ -47,7 +51,7 @@ def read_prompt(source: str) -> str:
             raw, what = path.read_bytes(), f"prompt file {path}"
         except OSError as e:
             raise UsageError(f"cannot read prompt file {path}: {e.strerror}") from e
-    return decode_utf8(raw, what)
+    return decode_utf8(raw, what).removeprefix(BOM)
 
 
 def decode_utf8(raw: bytes, what: str) -> str:
@@ -91,13 +95,17 @@ def split_sizes(n: int, data: DataConfig, source: str, unit: str = "tokens") -> 
     return n - n_val - n_test, n_val, n_test
 
 
-def for_file(data: DataConfig, path: str | Path) -> DataConfig:
+def for_file(data: DataConfig, path: str | Path, split: str | None = None) -> DataConfig:
     """The data settings for reading `path`: the run's own, given split files included, when it is the run's own
     training file; another file is read whole (its splits cut from it as the fractions say), never beside the run's
-    validation or test files."""
+    validation or test files, and scored `split` "all" without cutting it (a file of two items has no training
+    split to leave)."""
     if same_path(path, data.path):
         return data
-    return dataclasses.replace(data, path=str(path), val_path="", test_path="")
+    other = dataclasses.replace(data, path=str(path), val_path="", test_path="")
+    if split == "all":
+        other = dataclasses.replace(other, val_fraction=0.0, val_size=0, test_fraction=0.0, test_size=0)
+    return other
 
 
 def same_path(a: str | Path, b: str | Path) -> bool:

@@ -111,7 +111,7 @@ def evaluate_text(
     if text_or_path is None or names_a_file(text_or_path):
         path = str(text_or_path if text_or_path is not None else own)
         split = split or ("val" if same_path(path, own) else "all")
-        data = for_file(data, path)
+        data = for_file(data, path, split)
         corpus = Corpus.from_config(data, tokenizer, unknown, replacement=replace_with)
     else:
         split = split or "all"

@@ -196,7 +196,7 @@ def evaluate_pairs(
     own = loaded.config.data.path
     given = str(path) if path is not None else own
     split = split or ("val" if same_path(given, own) else "all")
-    data = for_file(loaded.config.data, given)
+    data = for_file(loaded.config.data, given, split)
     room = loaded.config.model.block_size
     hint = "use --unknown replace to read them as the unknown symbol, or --unknown skip to leave their lines out"
     corpus = PairCorpus.from_config(data, room, loaded.tokenizer, hint=hint, unknown=unknown, replacement=replace_with)

@@ -148,10 +148,15 @@ def item_surprisal(module: GPT, loaded: Loaded, ids: list[int]) -> tuple[list[st
 
 
 def line_corpus(
-    loaded: Loaded, path: str | None = None, unknown: UnknownPolicy = "error", replace_with: str | None = None
+    loaded: Loaded,
+    path: str | None = None,
+    unknown: UnknownPolicy = "error",
+    replace_with: str | None = None,
+    split: str | None = None,
 ) -> LineCorpus:
-    """A file read and split as the model's own list was (the model's own list when path is None)."""
-    data = for_file(loaded.config.data, path or loaded.config.data.path)
+    """A file read and split as the model's own list was (the model's own list when path is None); another file
+    scored whole (`split` "all") is not cut."""
+    data = for_file(loaded.config.data, path or loaded.config.data.path, split)
     hint = "use --unknown skip to leave out the items that hold them"
     block_size = loaded.config.model.block_size
     return LineCorpus.from_config(
@@ -172,7 +177,7 @@ def evaluate_items(
     own = loaded.config.data.path
     given = str(path) if path is not None else own
     split = split or ("val" if same_path(given, own) else "all")
-    corpus = line_corpus(loaded, given, unknown, replace_with)
+    corpus = line_corpus(loaded, given, unknown, replace_with, split)
     items = corpus.split(split)
     if not items:
         raise UsageError(f"the {split} split of {given} holds no item to score")
