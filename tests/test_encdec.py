@@ -226,6 +226,15 @@ def test_hostile_and_mismatched_checkpoints_are_refused(trained, tmp_path):
     assert_one_line_error(run_cli("eval", tmp_path / "nan.pt"), 2, "non-finite weights")
 
 
+def test_init_from_an_encoder_decoder_or_into_one_names_the_cause(trained, reversal, corpus, tmp_path):
+    run, _ = trained
+    into = train_cli(reversal, tmp_path / "a", steps=2, config=SHAPE, init_from=run)
+    assert_one_line_error(run_cli(*into), 2, "--init-from starts from a text model; an encoder-decoder run")
+    onto_text = train_cli(corpus, tmp_path / "b", steps=2, init_from=run)
+    assert_one_line_error(run_cli(*onto_text), 2, "--init-from starts from a text model", "is an encoder-decoder")
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
 def test_an_export_loads_and_rewrites_identically(trained, tmp_path):
     pytest.importorskip("safetensors")
     run, _ = trained

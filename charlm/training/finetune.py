@@ -41,6 +41,12 @@ def finetune_config(requested: Config, source: Checkpoint, explicit: dict[str, A
     """The run's settings: model shape and tokenizer from the source, data and training from the command; of the
     command line's explicit settings (`explicit`), dropout is applied and anything else of the source's refused
     where it differs, never dropped in silence."""
+    if requested.data.format in ("pairs", "lines"):  # said before the source's keys meet the run's
+        run = "an encoder-decoder run" if requested.data.format == "pairs" else "a run on a list of lines"
+        raise UsageError(f"--init-from starts from a text model; {run} starts fresh or resumes")
+    if source.config.data.format != "text":
+        what = "an encoder-decoder" if source.config.data.format == "pairs" else "a model of a list of lines"
+        raise UsageError(f"--init-from starts from a text model; {source.path} is {what}: train this run fresh")
     explicit = explicit or {}
     kept = source.config.flat()
     differ = [f"{k}={v!r} (it has {kept[k]!r})" for k, v in explicit.items() if k not in MODEL_KEYS and v != kept[k]]
@@ -52,7 +58,8 @@ def finetune_config(requested: Config, source: Checkpoint, explicit: dict[str, A
     changed = {key.split(".", 1)[1]: explicit[key] for key in MODEL_KEYS & explicit.keys()}
     requested.model = replace(source.config.model, **changed)
     requested.data.tokenizer = source.config.data.tokenizer
-    raise_all(config_problems(requested))  # the source's model beside the command's data and training
+    problems = config_problems(requested)  # the source's model beside the command's data and training
+    raise_all([f"--init-from {source.path}: {problem}" for problem in problems])
     return requested
 
 

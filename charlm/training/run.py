@@ -146,8 +146,9 @@ def requested_config(
     corpus fixed its vocabulary, and a file's default path says nothing about it.
     """
     if not resume and init_from is not None:  # the source's model and tokenizer: the command's own meet it later
-        other_sets = [item for item in sets if cfg.parse_set(item).key not in SOURCE_KEYS]
-        other_options = {k: v for k, v in options.items() if k not in SOURCE_KEYS}
+        own = SOURCE_KEYS - {"model.arch"}  # the arch stays: it and data.format must agree in the run's config
+        other_sets = [item for item in sets if cfg.parse_set(item).key not in own]
+        other_options = {k: v for k, v in options.items() if k not in own}
         return cfg.load_config(config_file or cfg.DEFAULT_CONFIG, other_sets, other_options), {}
     if not resume:
         return cfg.load_config(config_file or cfg.DEFAULT_CONFIG, sets, options), {}
@@ -292,14 +293,10 @@ def _build(
     # Every rank asks for the prepared corpus; a lock lets the first prepare it while the others wait, then map it.
     corpus: Corpus | PairCorpus | LineCorpus
     if config.data.format == "pairs":
-        if source is not None:
-            raise UsageError("--init-from starts from a text model; an encoder-decoder run starts fresh or resumes")
         hint = "a resumed run trains on lines made of its own characters"
         tokenizer = ckpt.tokenizer if ckpt is not None else None
         corpus = PairCorpus.from_config(config.data, config.model.block_size, tokenizer, reporter.info, hint)
     elif config.data.format == "lines":
-        if source is not None:
-            raise UsageError("--init-from starts from a text model; a run on a list of lines starts fresh or resumes")
         hint = "a resumed run trains on items made of its own characters"
         tokenizer = ckpt.tokenizer if ckpt is not None else None
         corpus = LineCorpus.from_config(config.data, config.model.block_size, tokenizer, reporter.info, hint)
