@@ -213,6 +213,20 @@ def test_another_file_of_two_items_is_scored_whole(lines_run, tmp_path):
     assert result["items"] == 2 and result["split"] == "all"
 
 
+def test_eval_says_the_lines_a_skipping_model_leaves_out(lines_run, tmp_path):
+    """A model trained with data.skip_bad_lines skips an over-long line of the file it scores: said, never silent."""
+    state = torch.load(lines_run / "best.pt", weights_only=True)
+    state["config"]["data"]["skip_bad_lines"] = True
+    torch.save(state, tmp_path / "skipping.pt")
+    names = tmp_path / "names.txt"
+    names.write_text("\n".join([*NAMES[:5], "x" * BLOCK]) + "\n")
+    said = run_cli("eval", tmp_path / "skipping.pt", "--data", names, check=True)
+    assert "all of" in said.stdout and "5 items" in said.stdout
+    assert "skipping 1 line of" in said.stderr and "(line 6)" in said.stderr
+    result = json.loads(run_cli("eval", tmp_path / "skipping.pt", "--data", names, "--json", check=True).stdout)
+    assert result["items"] == 5 and len(result["skipped"]) == 1
+
+
 def test_novel_on_a_text_model_is_refused_in_one_line(tiny_checkpoint):
     assert_one_line_error(run_cli("sample", tiny_checkpoint, "--novel"), 2, "--novel", "data.format lines")
 

@@ -93,6 +93,8 @@ def print_masked_result(r: MaskedResult) -> None:
 
 def print_items_result(r: ItemsResult) -> None:
     scored = _what_was_scored(r.split, r.file)
+    for note in r.skipped:
+        stderr_console().print(note, markup=False)
     stdout_console().print(
         f"{scored}: {r.items:,} items; loss {r.loss:.4f} nats/char, {r.bpc:.4f} bits/char, perplexity "
         f"{r.perplexity:.3f} (each item's end symbol counted as a character: {r.chars:,} scored); mean "

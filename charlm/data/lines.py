@@ -73,7 +73,8 @@ def check_items(
         described = problem_list(problems)
         if not skip_bad:
             raise UsageError(f"{where}: {described}; {fix}")
-        say(f"skipping {sum(map(len, problems.values())):,} lines of {where}: {described}")
+        skipped = sum(map(len, problems.values()))
+        say(f"skipping {skipped:,} line{'s' if skipped != 1 else ''} of {where}: {described}")
     return items
 
 

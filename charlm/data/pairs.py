@@ -58,7 +58,8 @@ def read_pairs(path: str | Path, block_size: int, skip_bad: bool, say: Callable[
             raise UsageError(
                 f"{path}: {described}; fix them, or set data.skip_bad_lines=true to train on the other lines"
             )
-        say(f"skipping {sum(map(len, problems.values())):,} lines of {path}: {described}")
+        skipped = sum(map(len, problems.values()))
+        say(f"skipping {skipped:,} line{'s' if skipped != 1 else ''} of {path}: {described}")
     if not pairs:
         raise UsageError(f"{path} holds no source<TAB>target line to train on")
     return pairs

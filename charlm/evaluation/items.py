@@ -39,6 +39,7 @@ class ItemsResult:
     file: str = ""
     unit: str = "char"
     scores: list[ItemScore] = field(default_factory=list)  # per item, in the file's order (charlm score)
+    skipped: list[str] = field(default_factory=list)  # lines left out as data.skip_bad_lines says, in words
 
     @property
     def bpc(self) -> float:

@@ -4,6 +4,7 @@ more items like them (makemore's task)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
@@ -153,6 +154,7 @@ def line_corpus(
     unknown: UnknownPolicy = "error",
     replace_with: str | None = None,
     split: str | None = None,
+    say: Callable[[str], None] = lambda _: None,
 ) -> LineCorpus:
     """A file read and split as the model's own list was (the model's own list when path is None); another file
     scored whole (`split` "all") is not cut."""
@@ -160,7 +162,7 @@ def line_corpus(
     hint = "use --unknown skip to leave out the items that hold them"
     block_size = loaded.config.model.block_size
     return LineCorpus.from_config(
-        data, block_size, loaded.tokenizer, hint=hint, unknown=unknown, replacement=replace_with
+        data, block_size, loaded.tokenizer, say, hint=hint, unknown=unknown, replacement=replace_with
     )
 
 
@@ -177,7 +179,8 @@ def evaluate_items(
     own = loaded.config.data.path
     given = str(path) if path is not None else own
     split = split or ("val" if same_path(given, own) else "all")
-    corpus = line_corpus(loaded, given, unknown, replace_with, split)
+    skipped: list[str] = []  # the model's data.skip_bad_lines leaves lines out: said, never silent
+    corpus = line_corpus(loaded, given, unknown, replace_with, split, skipped.append)
     items = corpus.split(split)
     if not items:
         raise UsageError(f"the {split} split of {given} holds no item to score")
@@ -185,6 +188,7 @@ def evaluate_items(
     with loaded.scoring_kernels():
         result = score_items(loaded.family.as_lines(loaded), items, texts, loaded.device, batch_size)
     result.split, result.file, result.scores = split, split_file(for_file(loaded.config.data, given), split), []
+    result.skipped = skipped
     return result
 
 
