@@ -143,7 +143,7 @@ def test_unknown_characters_replaced_never_become_padding(trained):
         model.transduce("abc", temperature=1.0, top_k=0)
 
 
-def test_the_wrong_methods_and_flags_are_one_line_errors(trained, tiny_checkpoint):
+def test_the_wrong_methods_and_flags_are_one_line_errors(trained, tiny_checkpoint, tmp_path):
     run, _ = trained
     with pytest.raises(UsageError, match="transduce"):
         charlm.load(run).generate("abc")
@@ -166,6 +166,11 @@ def test_the_wrong_methods_and_flags_are_one_line_errors(trained, tiny_checkpoin
     assert_one_line_error(run_cli("sample", run, "--prompt", "abc", "--beam", "3", "--temperature", "1"), 2, "beam")
     assert_one_line_error(run_cli("sample", tiny_checkpoint, "--beam", "2"), 2, "--beam is for encoder-decoder")
     assert_one_line_error(run_cli("eval", run, "--stride", "4"), 2, "--stride")
+    bad = tmp_path / "notab.tsv"  # eval cannot set data.skip_bad_lines: it is not offered
+    bad.write_text("abc\tcba\nabc\n", encoding="utf-8")
+    refused = run_cli("eval", run, "--data", bad)
+    assert_one_line_error(refused, 2, "1 without exactly one tab (line 2)", "fix or remove them")
+    assert "skip_bad_lines=true" not in refused.stderr
 
 
 @pytest.mark.parametrize(

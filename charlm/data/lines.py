@@ -47,6 +47,8 @@ def problem_list(problems: dict[str, list[int]]) -> str:
 
 
 TRAINING_FIX = "shorten or remove them, raise model.block_size, or set data.skip_bad_lines=true to train on the rest"
+# For a model that exists (scored, or resumed), whose context and data.skip_bad_lines its training fixed.
+MODEL_FIX = "shorten or remove them (a trained model's context and data.skip_bad_lines stay as they were trained)"
 
 
 def check_items(
@@ -78,9 +80,11 @@ def check_items(
     return items
 
 
-def read_items(path: str | Path, block_size: int, skip_bad: bool, say: Callable[[str], None]) -> list[str]:
+def read_items(
+    path: str | Path, block_size: int, skip_bad: bool, say: Callable[[str], None], fix: str = TRAINING_FIX
+) -> list[str]:
     """The items of a file: its non-empty lines, stripped, every problem line reported at once."""
-    items = check_items(numbered_items(read_text(path)), block_size, skip_bad, str(path), say)
+    items = check_items(numbered_items(read_text(path)), block_size, skip_bad, str(path), say, fix)
     if not items:
         raise UsageError(f"{path} holds no non-empty line to train on (data.format lines: one item per line)")
     return items
@@ -133,13 +137,14 @@ class LineCorpus(RecordSplits[Item]):
         unknown: UnknownPolicy = "error",
         replacement: str | None = None,
     ) -> LineCorpus:
-        strings = read_items(data.path, block_size, data.skip_bad_lines, say)
+        fix = TRAINING_FIX if tokenizer is None else MODEL_FIX
+        strings = read_items(data.path, block_size, data.skip_bad_lines, say, fix)
         model_tokenizer = tokenizer or items_tokenizer(strings)
         encoded = encode_items(strings, model_tokenizer, unknown, replacement, hint, data.path)
 
         def read_given(path: str) -> list[Item]:  # a split given as its own file, in the training file's characters
             fix = hint if tokenizer is not None else f"remove them, or add items that use them to {data.path}"
-            given = read_items(path, block_size, data.skip_bad_lines, say)
+            given = read_items(path, block_size, data.skip_bad_lines, say, fix)
             return encode_items(given, model_tokenizer, unknown, replacement, fix, path)
 
         return cls.shuffled(model_tokenizer, encoded, data, read_given)

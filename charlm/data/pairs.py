@@ -25,8 +25,15 @@ from charlm.hardware.device import autocast
 Pair = tuple[list[int], list[int]]  # source ids, target ids (without BOS/EOS)
 
 
-def read_pairs(path: str | Path, block_size: int, skip_bad: bool, say: Callable[[str], None]) -> list[tuple[str, str]]:
-    """The (source, target) strings of a TSV file, every problem line reported at once."""
+TRAINING_FIX = "fix them, or set data.skip_bad_lines=true to train on the other lines"
+# For a model that exists (scored, or resumed), whose context and data.skip_bad_lines its training fixed.
+MODEL_FIX = "fix or remove them (a trained model's context and data.skip_bad_lines stay as they were trained)"
+
+
+def read_pairs(
+    path: str | Path, block_size: int, skip_bad: bool, say: Callable[[str], None], fix: str = TRAINING_FIX
+) -> list[tuple[str, str]]:
+    """The (source, target) strings of a TSV file, every problem line reported at once, refused ending with `fix`."""
     text = read_text(path)
     problems: dict[str, list[int]] = {}
     pairs: list[tuple[str, str]] = []
@@ -55,9 +62,7 @@ def read_pairs(path: str | Path, block_size: int, skip_bad: bool, say: Callable[
             for what, numbers in problems.items()
         )
         if not skip_bad:
-            raise UsageError(
-                f"{path}: {described}; fix them, or set data.skip_bad_lines=true to train on the other lines"
-            )
+            raise UsageError(f"{path}: {described}; {fix}")
         skipped = sum(map(len, problems.values()))
         say(f"skipping {skipped:,} line{'s' if skipped != 1 else ''} of {path}: {described}")
     if not pairs:
@@ -100,7 +105,8 @@ class PairCorpus(RecordSplits[Pair]):
         """The pairs of data.path (and of the given split files), in `tokenizer`'s characters (default: a vocabulary
         of the training file's). Characters it lacks are refused by name (`unknown` error), their lines left out
         (skip), or read as the replacement (replace; default: the learned unknown symbol when the model has one)."""
-        strings = read_pairs(data.path, block_size, data.skip_bad_lines, say)
+        line_fix = TRAINING_FIX if tokenizer is None else MODEL_FIX
+        strings = read_pairs(data.path, block_size, data.skip_bad_lines, say, line_fix)
         model_tokenizer = tokenizer or pair_tokenizer(strings, data.unknown_dropout > 0)
         known = set(model_tokenizer.chars)
         counts: dict[str, tuple[int, int]] = {}
@@ -127,7 +133,7 @@ class PairCorpus(RecordSplits[Pair]):
 
         def read_given(path: str) -> list[Pair]:  # a split given as its own file, in the training file's characters
             fix = hint if tokenizer is not None else f"remove them, or add lines that use them to {data.path}"
-            return encoded(path, read_pairs(path, block_size, data.skip_bad_lines, say), fix)
+            return encoded(path, read_pairs(path, block_size, data.skip_bad_lines, say, line_fix), fix)
 
         corpus = cls.shuffled(model_tokenizer, encoded(data.path, strings, hint), data, read_given)
         corpus.unknown_counts = counts
