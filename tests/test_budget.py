@@ -200,4 +200,7 @@ def test_the_user_s_keys_are_checked_beside_the_rule_s_shape_not_the_default_s(t
     assert (model.n_layer, model.n_head, model.n_embd) == (5, 4, 128)
     refused = run_cli("train", "--budget", "10m", "--set", "model.n_embd=100", *args, "--out-dir", tmp_path / "b")
     assert_one_line_error(refused, 2, "n_embd / n_head = 25", "--budget 10m chose model.n_head=4", "--set")
+    typo = run_cli("train", "--budget", "10m", "--set", "model.n_heads=2", *args, "--out-dir", tmp_path / "c")
+    assert_one_line_error(typo, 2, "did you mean 'model.n_head'")
+    assert "--budget 10m chose" not in typo.stderr  # a typo is not the rule's doing
     assert not (tmp_path / "b").exists()

@@ -153,7 +153,7 @@ def test_the_wrong_methods_and_flags_are_one_line_errors(trained, tiny_checkpoin
     for call, needle in (
         (lambda: model.transduce(5), "sources must be a string"),
         (lambda: model.transduce(["abc", 3]), "sources must be a string"),
-        (lambda: model.transduction_attention(None), "source must be a string"),
+        (lambda: model.transduction_attention(None), "source must be a string, got None"),
         (lambda: model.transduce("abc", ensemble=[str(run)]), "models loaded with charlm.load"),
         (lambda: model.evaluate_pairs(ensemble=model), "models loaded with charlm.load"),
     ):

@@ -16,6 +16,7 @@ from charlm.data.lines import LineBatches, LineCorpus, frame
 from charlm.data.tokenizer import BOS, EOS, PAD, CharTokenizer
 from charlm.decoding.items import ItemFrame, sample_items
 from charlm.decoding.options import DecodeOptions
+from charlm.errors import UsageError
 from charlm.evaluation.items import item_logprobs
 from charlm.models.decoder import GPT
 
@@ -126,6 +127,11 @@ def test_empty_lines_are_skipped_and_a_line_too_long_is_refused_or_skipped(tmp_p
     # an item of exactly the room the context leaves (block_size - 1) is kept
     path.write_text("x" * (BLOCK - 1) + "\nanna\nbob\n")
     assert len(LineCorpus.from_config(DataConfig(path=str(path), format="lines", val_size=1), BLOCK).train) == 2
+    # a given validation file's bad line gets the training advice (not the one for unseen characters)
+    given = tmp_path / "val.txt"
+    given.write_text("anna\n" + "x" * BLOCK + "\n")
+    with pytest.raises(UsageError, match="line 2.*data.skip_bad_lines=true to train on the rest"):
+        LineCorpus.from_config(DataConfig(path=str(path), format="lines", val_path=str(given)), BLOCK).split("val")
     # a byte-order mark (a Windows editor's, a spreadsheet's) is no character of the first item
     path.write_text("\ufeffanna\nbob\n", encoding="utf-8")
     corpus = LineCorpus.from_config(DataConfig(path=str(path), format="lines", val_size=1), BLOCK)
@@ -205,12 +211,12 @@ def test_an_empty_prompt_to_look_at_is_refused_in_one_line(lines_run):
     assert_one_line_error(run_cli("attention", lines_run, "--prompt", "", "--json"), 2, "the prompt is empty")
 
 
-def test_another_file_of_two_items_is_scored_whole(lines_run, tmp_path):
-    """Scoring all of another file cuts no splits from it: two items leave no training split, and need none."""
-    two = tmp_path / "two.txt"
-    two.write_text(f"{NAMES[0]}\n{NAMES[1]}\n")
-    result = json.loads(run_cli("eval", lines_run, "--data", two, "--json", check=True).stdout)
-    assert result["items"] == 2 and result["split"] == "all"
+def test_another_file_of_one_item_is_scored_whole(lines_run, tmp_path):
+    """Scoring all of another file cuts no splits from it: one item leaves no training split, and needs none."""
+    one = tmp_path / "one.txt"
+    one.write_text(f"{NAMES[0]}\n")
+    result = json.loads(run_cli("eval", lines_run, "--data", one, "--json", check=True).stdout)
+    assert result["items"] == 1 and result["split"] == "all"
 
 
 def test_eval_says_the_lines_a_skipping_model_leaves_out(lines_run, tmp_path):

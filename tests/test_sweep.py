@@ -219,7 +219,8 @@ def test_a_folder_that_is_no_sweep_is_not_swept_into(tmp_path, corpus):
     (tmp_path / "busy" / "notes.txt").write_text("mine")
     assert_one_line_error(run_cli("sweep", spec, "--out-dir", tmp_path / "busy"), 2, "not a sweep", "--out-dir")
     under_a_file = tmp_path / "busy" / "notes.txt" / "sweep"
-    assert_one_line_error(run_cli("sweep", spec, "--out-dir", under_a_file), 2, "cannot write to --out-dir", "Not a")
+    refused = run_cli("sweep", spec, "--out-dir", under_a_file)
+    assert_one_line_error(refused, 2, "cannot write to --out-dir", "notes.txt is a file, not a folder")
 
 
 def test_without_optuna_the_sweep_names_the_extra_to_install(tmp_path, corpus, monkeypatch):

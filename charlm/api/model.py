@@ -109,13 +109,13 @@ class Model:
         "chars_per_s"}; `novel` keeps the items that are not in the training split and adds "new" and "new_share"."""
         if options is not None and not isinstance(options, DecodeOptions):
             raise UsageError(f"options must be a charlm DecodeOptions (DecodeOptions.from_config), got {options!r}")
-        prompt = _strings([prompt], "prompt")[0]
+        prompt = string_argument(prompt, "prompt")
         return lines.draw_items(self, prompt, options or DecodeOptions.from_config(self.config.sample), novel)
 
     def score_items(self, text: str, where: str = "the text", **options: Any) -> ItemsResult:
         """A lines model (`charlm score`): each non-empty line of `text` as one item, its log-likelihood and nats per
         character in `.scores`, in the text's order; options: unknown, replace_with, batch_size."""
-        return lines.score_lines(self, _strings([text], "text")[0], where, **options)
+        return lines.score_lines(self, string_argument(text, "text"), where, **options)
 
     def generate(
         self,
@@ -212,7 +212,7 @@ class Model:
     ) -> str | list[str]:
         """An encoder-decoder's target for a source (a list for a list): greedy by default, `beam` > 1 for beam
         search; with `ensemble` (other encoder-decoders of the same vocabulary), decoded by all of them together."""
-        many = [sources] if isinstance(sources, str) else _strings(sources, "sources")
+        many = sources_argument(sources)
         decoding = (beam, temperature, top_k, top_p, seed, unknown, replace_with, _models(ensemble))
         targets = pairs.transduce_sources(self, many, *decoding)
         return targets[0] if isinstance(sources, str) else targets
@@ -227,7 +227,7 @@ class Model:
         """An encoder-decoder's attention on a source and its greedy target: {"source": chars, "target": chars
         (each decoder position's output, the last being the end), "encoder": (Le, nh, S, S), "decoder":
         (Ld, nh, T, T), "cross": (Ld, nh, T, S)}; rows are queries and sum to 1."""
-        return pairs.transduction_attention(self, _strings([source], "source")[0], unknown)
+        return pairs.transduction_attention(self, string_argument(source, "source"), unknown)
 
     def fill(self, text: str, mask_char: str = "_", top: int = 5) -> dict[str, Any]:
         """An encoder's guess for every `mask_char` of text: {"text": filled, "blanks": [{"position", "candidates":
@@ -260,11 +260,20 @@ FOLDER_KINDS: list[Callable[[Path, str, str], Model | None]] = []
 EXPORT_FORMATS: dict[str, Callable[..., list[Path]]] = {}
 
 
-def _strings(values: Any, what: str) -> list[str]:
-    """A list of strings from the API's caller, or one line saying what else came."""
-    if isinstance(values, (list, tuple)) and all(isinstance(v, str) for v in values):
-        return list(values)
-    raise UsageError(f"{what} must be a string (or a list of strings), got {values!r}")
+def string_argument(value: Any, what: str) -> str:
+    """One string from the API's caller, or one line saying what else came."""
+    if isinstance(value, str):
+        return value
+    raise UsageError(f"{what} must be a string, got {value!r}")
+
+
+def sources_argument(sources: Any) -> list[str]:
+    """transduce's sources: one string, or a list of them (torch and ONNX models alike)."""
+    if isinstance(sources, str):
+        return [sources]
+    if isinstance(sources, (list, tuple)) and all(isinstance(v, str) for v in sources):
+        return list(sources)
+    raise UsageError(f"sources must be a string or a list of strings, got {sources!r}")
 
 
 def _models(ensemble: Any) -> list[Any]:

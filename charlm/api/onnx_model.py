@@ -69,7 +69,7 @@ class OnnxModel(Model):
         self.encoder_decoder  # noqa: B018
         if beam > 1 or ensemble:
             raise self.torch_only("beam search (--beam)" if beam > 1 else "an ensemble (--ensemble)")
-        many = [sources] if isinstance(sources, str) else list(sources)
+        many = api.sources_argument(sources)
         ids = [self.encode_source(s, unknown, replace_with) for s in many]
         room = self.config.model.block_size
         options = DecodeOptions(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, max_new_tokens=room)

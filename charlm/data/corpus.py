@@ -35,7 +35,7 @@ def read_text(path: str | Path) -> str:
         raise UsageError(f"cannot read data file {path}: {e.strerror}") from e
     if not raw:
         raise UsageError(f"data file is empty: {path} (give a UTF-8 text file with some text in it)")
-    return decode_utf8(raw, f"data file {path}").removeprefix(BOM)
+    return decode_utf8(raw, f"data file {path}")
 
 
 def read_prompt(source: str) -> str:
@@ -51,12 +51,13 @@ def read_prompt(source: str) -> str:
             raw, what = path.read_bytes(), f"prompt file {path}"
         except OSError as e:
             raise UsageError(f"cannot read prompt file {path}: {e.strerror}") from e
-    return decode_utf8(raw, what).removeprefix(BOM)
+    return decode_utf8(raw, what)
 
 
 def decode_utf8(raw: bytes, what: str) -> str:
+    """Strict UTF-8, a leading byte-order mark dropped (a text corpus, prepared apart, keeps its bytes as they are)."""
     try:
-        return raw.decode("utf-8")
+        return raw.decode("utf-8").removeprefix(BOM)
     except UnicodeDecodeError as e:
         raise UsageError(
             f"{what} is not valid UTF-8: byte 0x{raw[e.start]:02x} at byte offset {e.start} "

@@ -143,9 +143,9 @@ class LineCorpus(RecordSplits[Item]):
         encoded = encode_items(strings, model_tokenizer, unknown, replacement, hint, data.path)
 
         def read_given(path: str) -> list[Item]:  # a split given as its own file, in the training file's characters
-            fix = hint if tokenizer is not None else f"remove them, or add items that use them to {data.path}"
+            chars_fix = hint if tokenizer is not None else f"remove them, or add items that use them to {data.path}"
             given = read_items(path, block_size, data.skip_bad_lines, say, fix)
-            return encode_items(given, model_tokenizer, unknown, replacement, fix, path)
+            return encode_items(given, model_tokenizer, unknown, replacement, chars_fix, path)
 
         return cls.shuffled(model_tokenizer, encoded, data, read_given)
 

@@ -104,8 +104,8 @@ def fill_blanks(loaded: Loaded, text: str, mask_char: str = "_", top: int = 5) -
     block_size, tokenizer = loaded.config.model.block_size, loaded.tokenizer
     if len(text) > block_size:
         raise UsageError(
-            f"the text has {len(text)} characters but the model's context is {block_size}: fill at most {block_size} "
-            "at a time"
+            f"the text has {len(text)} characters but the model's context is {block_size}: give at most "
+            f"{block_size} characters at a time"
         )
     known = "".join(tokenizer.decode([0]) if c == mask_char else c for c in text)  # a placeholder id
     unseen = tokenizer.unknown_chars(known)

@@ -295,7 +295,7 @@ def _check_with_rule(
     try:
         return cfg.load_config(config_file or cfg.DEFAULT_CONFIG, sets, with_rule)  # every other mistake as usual
     except UsageError as e:
-        problems = e.details or [str(e)]
+        problems = [p for p in e.details or [str(e)] if not p.startswith("unknown ")]  # a typo's, not the rule's
         shape = [k for k in rule if k not in FIXED and rule[k] is not None]  # FIXED: the default config's own
         named = [k for k in shape if any(re.search(rf"\b{k.split('.')[1]}\b", p) for p in problems)]
         if not named:

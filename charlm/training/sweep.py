@@ -23,7 +23,7 @@ from typing import Any
 from charlm.data.download import ensure_builtin_corpus
 from charlm.data.prepare import source_files
 from charlm.errors import CharlmError, Interrupted, SaveFailed, UsageError, WorkError
-from charlm.files import atomic_write
+from charlm.files import atomic_write, folder_problem
 from charlm.progress import TrainReporter
 from charlm.training.run import run_training
 from charlm.training.setup import StopRequest
@@ -141,7 +141,7 @@ def run_sweep(
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise UsageError(f"cannot write to --out-dir {out_dir}: {e.strerror}; choose a writable folder") from None
+        raise UsageError(f"cannot write to --out-dir {out_dir}: {folder_problem(out_dir, e)}; choose another") from None
     with SweepLock(out_dir):
         study = _open_study(optuna, spec, out_dir)
         for frozen in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
