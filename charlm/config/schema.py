@@ -334,10 +334,11 @@ def _apply(values: dict[str, dict[str, Any]], s: Setting) -> str | None:
     return None
 
 
-def setting_problem(s: Setting) -> str | None:
+def setting_problem(s: Setting, values: dict[str, dict[str, Any]] | None = None) -> str | None:
     """One value checked on its own as build_config checks it (a known key, its type, its range), for values that
-    meet the rest of a config only later (a sweep's candidates); keys that must agree are checked with the config."""
-    values: dict[str, dict[str, Any]] = {name: {} for name in SECTIONS}
+    meet the rest of a config only later (a sweep's candidates); keys that must agree are checked with the config.
+    The typed value goes into `values` (section -> key -> value) when given."""
+    values = values if values is not None else {name: {} for name in SECTIONS}
     problem = _apply(values, s)
     if problem is not None:
         return problem
@@ -387,10 +388,8 @@ def explicit_settings(sets: list[str], options: Options) -> dict[str, Any]:
     """Only what the user gave on the command line, each value checked on its own: they meet the rest of a config
     later (a resumed run's, an --init-from source's model), where the keys that must agree are checked."""
     settings = [parse_set(item) for item in sets] + _option_settings(options)
-    raise_all([problem for problem in map(setting_problem, settings) if problem])
     values: dict[str, dict[str, Any]] = {name: {} for name in SECTIONS}
-    for s in settings:
-        _apply(values, s)
+    raise_all([problem for s in settings if (problem := setting_problem(s, values))])
     return {s.key: values[s.key.split(".")[0]][s.key.split(".")[1]] for s in settings}
 
 

@@ -17,7 +17,7 @@ import torch
 
 from charlm.config.schema import DataConfig
 from charlm.data.corpus import IGNORE, read_text
-from charlm.data.records import RecordSplits
+from charlm.data.records import RecordSplits, refuse_or_skip
 from charlm.data.tokenizer import BOS, EOS, PAD, SPECIAL_CHARS, CharTokenizer, Tokenizer, UnknownPolicy
 from charlm.errors import UsageError
 
@@ -35,15 +35,6 @@ def numbered_items(text: str) -> list[tuple[int, str]]:
     """(line number, item) for every line that is not empty once stripped of the whitespace around it."""
     lines = text.split("\n")
     return [(number, line.strip()) for number, line in enumerate(lines, start=1) if line.strip()]
-
-
-def problem_list(problems: dict[str, list[int]]) -> str:
-    """'3 longer than ... (lines 4, 9, 12)' for each kind of problem, the first five line numbers of each."""
-    return "; ".join(
-        f"{len(numbers):,} {what} (line{'s' * (len(numbers) > 1)} {', '.join(map(str, numbers[:5]))}"
-        f"{', ...' if len(numbers) > 5 else ''})"
-        for what, numbers in problems.items()
-    )
 
 
 TRAINING_FIX = "shorten or remove them, raise model.block_size, or set data.skip_bad_lines=true to train on the rest"
@@ -71,12 +62,7 @@ def check_items(
             problems.setdefault(RESERVED, []).append(number)
         else:
             items.append(item)
-    if problems:
-        described = problem_list(problems)
-        if not skip_bad:
-            raise UsageError(f"{where}: {described}; {fix}")
-        skipped = sum(map(len, problems.values()))
-        say(f"skipping {skipped:,} line{'s' if skipped != 1 else ''} of {where}: {described}")
+    refuse_or_skip(problems, where, skip_bad, fix, say)
     return items
 
 

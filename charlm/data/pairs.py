@@ -17,7 +17,7 @@ from torch import nn
 
 from charlm.config.schema import DataConfig
 from charlm.data.corpus import IGNORE, read_text
-from charlm.data.records import RecordSplits
+from charlm.data.records import RecordSplits, refuse_or_skip
 from charlm.data.tokenizer import BOS, EOS, PAD, SPECIAL_CHARS, UNKNOWN_CHAR, CharTokenizer, Tokenizer, UnknownPolicy
 from charlm.errors import UsageError
 from charlm.hardware.device import autocast
@@ -55,16 +55,7 @@ def read_pairs(
             problems.setdefault("holding a reserved control character (U+0000, U+0002 or U+0003)", []).append(number)
         else:
             pairs.append((parts[0], parts[1]))
-    if problems:
-        described = "; ".join(
-            f"{len(numbers):,} {what} (line{'s' * (len(numbers) > 1)} {', '.join(map(str, numbers[:5]))}"
-            f"{', ...' if len(numbers) > 5 else ''})"
-            for what, numbers in problems.items()
-        )
-        if not skip_bad:
-            raise UsageError(f"{path}: {described}; {fix}")
-        skipped = sum(map(len, problems.values()))
-        say(f"skipping {skipped:,} line{'s' if skipped != 1 else ''} of {path}: {described}")
+    refuse_or_skip(problems, str(path), skip_bad, fix, say)
     if not pairs:
         raise UsageError(f"{path} holds no source<TAB>target line to train on")
     return pairs

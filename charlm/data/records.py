@@ -18,6 +18,24 @@ SPLIT_SEED = 0  # fixed: the split is the file's, not the run's (a resumed or co
 Record = TypeVar("Record")
 
 
+def refuse_or_skip(
+    problems: dict[str, list[int]], where: str, skip_bad: bool, fix: str, say: Callable[[str], None]
+) -> None:
+    """A file's bad lines, each kind with its first five line numbers: refused in one line ending with `fix`, or
+    (data.skip_bad_lines) said as skipped."""
+    if not problems:
+        return
+    described = "; ".join(
+        f"{len(numbers):,} {what} (line{'s' * (len(numbers) > 1)} {', '.join(map(str, numbers[:5]))}"
+        f"{', ...' if len(numbers) > 5 else ''})"
+        for what, numbers in problems.items()
+    )
+    if not skip_bad:
+        raise UsageError(f"{where}: {described}; {fix}")
+    skipped = sum(map(len, problems.values()))
+    say(f"skipping {skipped:,} line{'s' if skipped != 1 else ''} of {where}: {described}")
+
+
 @dataclass
 class RecordSplits(Generic[Record]):
     """A file's records, encoded and split."""
