@@ -14,6 +14,9 @@ from charlm.config.sources import find_config
 from charlm.training.budget import TABLE, parse_budget, recipe_for
 
 TINY_SHAKESPEARE_TRAIN_CHARS = 1_115_394 - 111_539  # the whole file less its 10% validation split
+# For runs that only show what the rule chose: a few sampled windows and a short validation split, so that the
+# rule's 256-character context is not scored over thousands of windows after its one step (keys the rule never sets).
+BRIEF_SCORING = ["--set", "train.eval_windows=4", "--set", "data.val_size=1024"]
 
 
 @pytest.mark.parametrize("text, seconds", [("300s", 300), ("10m", 600), ("1h", 3600), ("1.5h", 5400), (" 90s ", 90)])
@@ -103,6 +106,7 @@ def test_a_context_of_the_user_s_own_keeps_the_characters_a_step(tmp_path, corpu
             tmp_path / name,
             "--max-steps",
             1,
+            *BRIEF_SCORING,
             "--quiet",
             check=True,
         )
@@ -145,7 +149,7 @@ def test_a_config_file_s_keys_are_the_user_s_but_its_limits_are_the_budget_s(tmp
 def test_the_python_api_takes_a_budget(tmp_path, corpus):
     import charlm
 
-    overrides = {"model.n_layer": 1, "train.max_steps": 2}
+    overrides = {"model.n_layer": 1, "train.max_steps": 2, "train.eval_windows": 4, "data.val_size": 1024}
     summary = charlm.train(overrides=overrides, data=corpus, out_dir=tmp_path / "run", quiet=True, budget="1h")
     config = load_config(tmp_path / "run" / "config.yaml")
     assert summary["steps"] == 2 and (config.model.n_layer, config.model.n_embd, config.train.max_seconds) == (
@@ -157,7 +161,7 @@ def test_the_python_api_takes_a_budget(tmp_path, corpus):
 
 def test_a_dropout_of_the_users_own_keeps_its_reach(tmp_path, corpus):
     """The rule keeps its own dropout out of attention weights; one the user sets is left to act where it did."""
-    args = ["--budget", "10m", "--data", corpus, "--max-steps", 1, "--set", "model.n_layer=1", "--quiet"]
+    args = ["--budget", "10m", "--data", corpus, "--max-steps", 1, "--set", "model.n_layer=1", *BRIEF_SCORING, "-q"]
     run_cli("train", *args, "--out-dir", tmp_path / "mine", "--set", "model.dropout=0.3", check=True)
     mine = load_config(tmp_path / "mine" / "config.yaml").model
     assert (mine.dropout, mine.attention_dropout) == (0.3, None)
@@ -194,7 +198,7 @@ def test_a_small_corpus_shortens_the_rule_s_context_to_fit_its_validation_split(
 def test_the_user_s_keys_are_checked_beside_the_rule_s_shape_not_the_default_s(tmp_path, corpus):
     """128 wide goes with the rule's 4 heads at 10 minutes (the default config's 3 would refuse it); a key of the
     user's that disagrees with the rule's is refused naming what the rule chose."""
-    args = ("--data", corpus, "--max-steps", 1, "--quiet")
+    args = ("--data", corpus, "--max-steps", 1, *BRIEF_SCORING, "--quiet")
     run_cli("train", "--budget", "10m", "--set", "model.n_embd=128", *args, "--out-dir", tmp_path / "a", check=True)
     model = load_config(tmp_path / "a" / "config.yaml").model
     assert (model.n_layer, model.n_head, model.n_embd) == (5, 4, 128)
