@@ -15,7 +15,6 @@ from charlm.data.prepare import id_dtype, prepare, release_mapped_pages
 from charlm.data.tokenizer import CharTokenizer, Tokenizer, UnknownPolicy
 from charlm.errors import UsageError
 
-
 # The byte-order mark Windows editors and spreadsheets write first in UTF-8 files: no character of the text.
 BOM = "\ufeff"
 
@@ -90,8 +89,8 @@ def split_sizes(n: int, data: DataConfig, source: str, unit: str = "tokens") -> 
     n_val, n_test = (0 if data.val_path else n_val), (0 if data.test_path else n_test)
     if n_val + n_test >= n:
         raise UsageError(
-            f"{source} has {n:,} {unit.removesuffix('s') if n == 1 else unit}, but its validation ({n_val:,}) and test ({n_test:,}) splits "
-            "leave none for training; lower data.val_size/test_size or the fractions"
+            f"{source} has {n:,} {unit.removesuffix('s') if n == 1 else unit}, but its validation ({n_val:,}) and test "
+            f"({n_test:,}) splits leave none for training; lower data.val_size/test_size or the fractions"
         )
     return n - n_val - n_test, n_val, n_test
 
@@ -208,6 +207,7 @@ class Corpus:
         corpus = cls.from_ids(ids, tokenizer or prepared.tokenizer, data, data.path)
         val_path, corpus.test_path = given_file(data, "val"), given_file(data, "test")
         if val_path or corpus.test_path:
+
             def read_given(path: str) -> torch.Tensor:  # in the training file's vocabulary, the policy as above
                 given = prepare(path, kind, say)
                 own = f"{path} holds characters the training file {data.path} lacks"
@@ -260,8 +260,11 @@ class Corpus:
                     f"{'the validation file' if given else 'data file'} {self.val_given if given else source} is "
                     f"too short: its {name} split has {len(ids)} tokens but a window needs {need} (model.block_size "
                     "+ 1); use a longer text, a smaller model.block_size"
-                    + (" or more held out: data.val_size (or, while it is 0, data.val_fraction)"
-                       if name == "validation" and not given else "")  # fmt: skip
+                    + (
+                        " or more held out: data.val_size (or, while it is 0, data.val_fraction)"
+                        if name == "validation" and not given
+                        else ""
+                    )
                 )
 
 

@@ -1,6 +1,7 @@
 """Fetching a corpus: streamed to a temp file beside the destination, verified by SHA-256, renamed into place.
 
-Built in: tiny-shakespeare, enwik8 and text8 (unzipped), and CMUdict converted to word<TAB>phonemes (charlm.data.cmudict).
+Built in: tiny-shakespeare, enwik8 and text8 (unzipped), and CMUdict converted to word<TAB>phonemes
+(charlm.data.cmudict).
 """
 
 from __future__ import annotations
@@ -8,7 +9,6 @@ from __future__ import annotations
 import hashlib
 import http.client
 import os
-import re
 import shutil
 import socket
 import sys
@@ -207,7 +207,6 @@ class BuiltinCorpus:
         if self.convert is None:
             return dest.with_name(dest.name + self.fetched_suffix)
         return dest.with_suffix(self.fetched_suffix)
-
 
 
 CMUDICT_URL = "https://raw.githubusercontent.com/cmusphinx/cmudict/master/cmudict.dict"

@@ -9,8 +9,8 @@ splits from the end of the text. (With every source on one line, that is a shuff
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -80,7 +80,7 @@ class PairCorpus(RecordSplits[Pair]):
 
     # For each file read so far (the test file is read when asked for): the characters the model never saw that
     # were replaced (--unknown replace), and the lines that held one (replaced, or left out with --unknown skip).
-    unknown_counts: Mapping[str, tuple[int, int]] = {}  # noqa: RUF012  (replaced per instance, never mutated)
+    unknown_counts: Mapping[str, tuple[int, int]] = {}
 
     @classmethod
     def from_config(

@@ -4,8 +4,8 @@ and test records taken from the end, so a record is never cut and every run of a
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, TypeVar
 
 from charlm.config.schema import DataConfig
