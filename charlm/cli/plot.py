@@ -8,6 +8,7 @@ from pathlib import Path
 
 from charlm.errors import UsageError
 from charlm.files import atomic_write, folder_problem
+from charlm.training import sweep_folder
 
 PLOTTED = ("step", "elapsed_s", "train_loss", "val_loss", "lr")  # what each evaluation's line must give a number for
 
@@ -142,22 +143,18 @@ def plot_runs(run_dirs: list[Path], output: Path) -> Path:
     return output
 
 
-SWEEP_KIND = "charlm-sweep"  # results.json's mark (charlm.training.sweep.KIND; read here without importing torch)
-SWEEP_STUDY = "study.db"  # a sweep folder's Optuna study (charlm.training.sweep.STUDY_FILE), there from its start
-
-
 def sweep_results(folder: Path) -> dict | None:
     """A sweep folder's results.json, or None for a folder that is no sweep."""
-    path = folder / "results.json"
+    path = folder / sweep_folder.RESULTS_FILE
     if not path.is_file():
-        if (folder / SWEEP_STUDY).is_file():  # a sweep stopped in its first trial: results.json comes after one
+        if (folder / sweep_folder.STUDY_FILE).is_file():  # stopped in its first trial: no results yet
             raise UsageError(f"{folder} is a sweep that holds no completed trial yet; run its command again first")
         return None
     try:
         results = json.loads(path.read_text(encoding="utf-8"))
     except ValueError:
         raise UsageError(f"{path} is not JSON; run the sweep's command again to rewrite it") from None
-    return results if isinstance(results, dict) and results.get("kind") == SWEEP_KIND else None
+    return results if isinstance(results, dict) and results.get("kind") == sweep_folder.KIND else None
 
 
 def plot_sweep(results: dict, output: Path) -> Path:

@@ -1,9 +1,8 @@
 """`charlm sweep`: a spec's trials run one at a time, each a normal run folder, searched by Optuna (grid, random or
 TPE) and pruned on their own periodic evaluations; the study lives in an SQLite file that a killed sweep goes on from.
 
-The sweep folder holds `study.db` (the Optuna study), `sweep.lock` (held with flock while a sweep runs: the kernel
-lets go when the process dies, so a killed sweep never blocks the next), `trial-NNN/` run folders, `results.json`
-(rewritten after every trial) and `best.yaml` (the best trial's config, for `charlm train --config`).
+The sweep folder's files are named in charlm.training.sweep_folder; its lock is held with flock while a sweep runs
+(the kernel lets go when the process dies, so a killed sweep never blocks the next).
 
 A trial counts once it is complete, pruned, or failed for a reason of its own settings (a combination that is no
 config, a diverged run). A trial cut short from outside (a kill, a signal, a full disk) does not count: its values
@@ -27,11 +26,9 @@ from charlm.files import atomic_write, folder_problem
 from charlm.progress import TrainReporter
 from charlm.training.run import run_training
 from charlm.training.setup import StopRequest
+from charlm.training.sweep_folder import BEST_FILE, KIND, LOCK_FILE, RESULTS_FILE, STUDY_FILE, STUDY_NAME
 from charlm.training.sweep_spec import Param, SweepSpec
 
-STUDY_FILE, LOCK_FILE, RESULTS_FILE, BEST_FILE = "study.db", "sweep.lock", "results.json", "best.yaml"
-STUDY_NAME = "charlm-sweep"
-KIND = "charlm-sweep"  # results.json's mark: `charlm plot` knows a sweep folder by it (charlm.cli.plot.SWEEP_KIND)
 # Pruning: the median rule, once 3 trials have completed, from the third tenth of a trial's budget on (earlier
 # losses say little about where a run ends).
 PRUNE_AFTER_TRIALS, PRUNE_FROM_TENTH = 3, 3
