@@ -95,6 +95,22 @@ def test_reversal_is_learned_within_60_s_and_not_without_cross_attention(trained
     assert_one_line_error(no_cross, 2, "no cross attention", "--part encoder|decoder")
 
 
+def test_eval_says_the_lines_a_skipping_model_leaves_out(trained, tmp_path):
+    """A model trained with data.skip_bad_lines skips a line without a tab in the file it scores: said, never
+    silent, on the terminal and in --json."""
+    run, _ = trained
+    state = torch.load(run / "best.pt", weights_only=True)
+    state["config"]["data"]["skip_bad_lines"] = True
+    torch.save(state, tmp_path / "skipping.pt")
+    pairs = tmp_path / "pairs.tsv"
+    pairs.write_text("abc\tcba\nno tab\nabcd\tdcba\n", encoding="utf-8")
+    said = run_cli("eval", tmp_path / "skipping.pt", "--data", pairs, check=True)
+    assert "all of" in said.stdout and "2 lines" in said.stdout
+    assert "skipping 1 line of" in said.stderr and "without exactly one tab (line 2)" in said.stderr
+    result = json.loads(run_cli("eval", tmp_path / "skipping.pt", "--data", pairs, "--json", check=True).stdout)
+    assert result["lines"] == 2 and len(result["skipped"]) == 1
+
+
 def test_sample_rewrites_one_source_or_every_line_greedy_or_by_beam(trained, tmp_path):
     run, _ = trained
     assert run_cli("sample", run, "--prompt", "abcdefg", check=True).stdout == "gfedcba\n"
@@ -160,6 +176,7 @@ def test_the_wrong_methods_and_flags_are_one_line_errors(trained, tiny_checkpoin
         with pytest.raises(UsageError, match=needle):
             call()
     assert_one_line_error(run_cli("sample", run, "--prompt", "abc", "--num-samples", "2"), 2, "--num-samples")
+    assert_one_line_error(run_cli("sample", run, "--prompt", "abc", "--novel"), 2, "--novel", "data.format lines")
     assert_one_line_error(run_cli("sample", run), 2, "needs a source")
     assert_one_line_error(run_cli("sample", run, "--prompt", "a" * 17), 2, "1 to 16 characters")
     assert_one_line_error(run_cli("sample", run, "--prompt", "xyz"), 2, "not in the model's vocabulary")

@@ -119,6 +119,12 @@ def test_empty_lines_are_skipped_and_a_line_too_long_is_refused_or_skipped(tmp_p
     path.write_text("anna\n\n   \nbob\r\n  carl  \n" + "x" * BLOCK + "\ndora\n")
     refused = run_cli(*train_cli(path, tmp_path / "run", steps=2, sets=LINES_RUN))
     assert_one_line_error(refused, 2, "names.txt", "longer than the context", "line 6", "data.skip_bad_lines")
+    assert "raise model.block_size" in refused.stderr
+    reserved = tmp_path / "reserved.txt"  # a control character the model keeps for its own symbols: no context helps
+    reserved.write_text("anna\nb\x03ob\ncarl\n")
+    refused = run_cli(*train_cli(reserved, tmp_path / "run", steps=2, sets=LINES_RUN))
+    assert_one_line_error(refused, 2, "reserved control character", "line 2", "take the control characters out")
+    assert "block_size" not in refused.stderr
     data = DataConfig(path=str(path), format="lines", val_size=1, skip_bad_lines=True)
     said: list[str] = []
     corpus = LineCorpus.from_config(data, BLOCK, say=said.append)
@@ -207,8 +213,11 @@ def test_a_prompt_with_characters_the_model_never_saw_is_refused_by_name(lines_r
 
 
 def test_an_empty_prompt_to_look_at_is_refused_in_one_line(lines_run):
-    """A lines model's empty prompt holds no id at all (its start symbol is the model's own)."""
+    """A lines model's empty prompt holds no id at all (its start symbol is the model's own); the default prompt, a
+    speaker of tiny-shakespeare, is not a list's: the line says it was the default and asks for one."""
     assert_one_line_error(run_cli("attention", lines_run, "--prompt", "", "--json"), 2, "the prompt is empty")
+    default = run_cli("attention", lines_run, "--json")
+    assert_one_line_error(default, 2, "the default --prompt 'ROMEO: '", "give a text of its own with --prompt")
 
 
 def test_another_file_of_one_item_is_scored_whole(lines_run, tmp_path):

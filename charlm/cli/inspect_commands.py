@@ -83,10 +83,18 @@ def info(
 
 # ---------------------------------------------------------------------------- attention
 
+DEFAULT_ATTENTION_PROMPT = "ROMEO: "  # a speaker's name as tiny-shakespeare writes it
+
 
 def attention(
     checkpoint: Annotated[Optional[str], typer.Argument(help=CHECKPOINT_HELP, show_default=False)] = None,
-    prompt: Annotated[str, typer.Option(help="Text to look at (at most the model's context length).")] = "ROMEO: ",
+    prompt: Annotated[
+        Optional[str],
+        typer.Option(
+            help=f"Text to look at (at most the model's context length). Default: {DEFAULT_ATTENTION_PROMPT!r}.",
+            show_default=False,
+        ),
+    ] = None,
     output: Annotated[Path, typer.Option("--output", "-o", help="PNG file to write.")] = Path("attention.png"),
     layer: Annotated[
         Optional[list[int]], typer.Option(help="Layer to show (repeatable; 0-based). Default: all.")
@@ -120,9 +128,15 @@ def attention(
     if not json_out:
         check_png_target(output)
     model = load(checkpoint_path(checkpoint), "cpu")
-    if unseen := model.tokenizer.unknown_chars(prompt):  # a map shows the model's own characters, nothing stands in
-        shown = ", ".join(f"{c!r} (U+{ord(c):04X})" for c in unseen[:10])
+    if unseen := model.tokenizer.unknown_chars(DEFAULT_ATTENTION_PROMPT if prompt is None else prompt):
+        shown = ", ".join(f"{c!r} (U+{ord(c):04X})" for c in unseen[:10])  # a map shows the model's own characters
+        if prompt is None:
+            raise UsageError(
+                f"the default --prompt {DEFAULT_ATTENTION_PROMPT!r} has characters not in {model.path}'s vocabulary "
+                f"({shown}); give a text of its own with --prompt"
+            )
         raise UsageError(f"--prompt has characters not in the model's vocabulary: {shown}; leave them out")
+    prompt = DEFAULT_ATTENTION_PROMPT if prompt is None else prompt
     if model.family.rewrites_sources:  # three maps: encoder, decoder and cross-attention
         return _transduction_attention(model, prompt, output, layer, head, (part or Part.cross).value, json_out)
     if part is not None:

@@ -69,6 +69,8 @@ def print_transduction_result(r: TransductionResult) -> None:
         single = (
             f"; line by line, one reference each: word error rate {100 * r.single_reference['word_error_rate']:.2f}%"
         )
+    for note in r.skipped:
+        stderr_console().print(note, markup=False)
     if r.unknown_lines:
         what = f"{_count(r.unknown_chars, 'such character')} replaced" if r.unknown_chars else "left out"
         stderr_console().print(

@@ -144,6 +144,8 @@ def sample_(
     check_values({**given, "stop": stop, "compile": compile_step, "use_cache": not no_cache, "beam": beam})
     model = load(checkpoint_path(checkpoint), device, precision.value)  # a bad checkpoint before a bad prompt
     members = load_ensemble(model, ensemble, device, precision.value)
+    if novel and not model.family.makes_items:
+        cli_items.refuse_novel(model)
     if model.family.rewrites_sources:
         only_text = {
             "--max-new-tokens": max_new_tokens is not None,
@@ -164,8 +166,6 @@ def sample_(
     model.decoder  # noqa: B018  (an encoder is refused here in one line: it fills blanks, see `charlm fill`)
     if beam != 1:
         raise UsageError("--beam is for encoder-decoder models; a decoder samples (--temperature 0 is greedy)")
-    if novel and not model.family.makes_items:
-        cli_items.refuse_novel(model)
     if model.family.makes_items:  # an item's beginning: one line, empty by default
         text = read_prompt(prompt_file).rstrip("\r\n") if prompt_file is not None else (prompt or "")
     else:

@@ -37,9 +37,18 @@ def numbered_items(text: str) -> list[tuple[int, str]]:
     return [(number, line.strip()) for number, line in enumerate(lines, start=1) if line.strip()]
 
 
-TRAINING_FIX = "shorten or remove them, raise model.block_size, or set data.skip_bad_lines=true to train on the rest"
+SKIP = "or set data.skip_bad_lines=true to train on the rest"
 # For a model that exists (scored, or resumed), whose context and data.skip_bad_lines its training fixed.
-MODEL_FIX = "shorten or remove them (a trained model's context and data.skip_bad_lines stay as they were trained)"
+MODEL_FIX = "fix or remove them (a trained model's context and data.skip_bad_lines stay as they were trained)"
+
+
+def training_fix(problems: dict[str, list[int]]) -> str:
+    """What to do about a training file's bad items, for the kinds of problem found."""
+    if RESERVED not in problems:
+        return f"shorten or remove them, raise model.block_size, {SKIP}"
+    if len(problems) == 1:
+        return f"take the control characters out or remove those lines, {SKIP}"
+    return f"shorten the long ones or raise model.block_size, take the control characters out, {SKIP}"
 
 
 def check_items(
@@ -48,10 +57,10 @@ def check_items(
     skip_bad: bool,
     where: str,
     say: Callable[[str], None],
-    fix: str = TRAINING_FIX,
+    fix: str | None = None,
 ) -> list[str]:
     """The items that fit the context and hold no reserved character; the others refused in one line ending with
-    `fix` (or, with skip_bad, skipped and said)."""
+    `fix` (None: a training file's, for the problems found) or, with skip_bad, skipped and said."""
     room = item_room(block_size)
     problems: dict[str, list[int]] = {}
     items: list[str] = []
@@ -62,12 +71,12 @@ def check_items(
             problems.setdefault(RESERVED, []).append(number)
         else:
             items.append(item)
-    refuse_or_skip(problems, where, skip_bad, fix, say)
+    refuse_or_skip(problems, where, skip_bad, training_fix(problems) if fix is None else fix, say)
     return items
 
 
 def read_items(
-    path: str | Path, block_size: int, skip_bad: bool, say: Callable[[str], None], fix: str = TRAINING_FIX
+    path: str | Path, block_size: int, skip_bad: bool, say: Callable[[str], None], fix: str | None = None
 ) -> list[str]:
     """The items of a file: its non-empty lines, stripped, every problem line reported at once."""
     items = check_items(numbered_items(read_text(path)), block_size, skip_bad, str(path), say, fix)
@@ -123,7 +132,7 @@ class LineCorpus(RecordSplits[Item]):
         unknown: UnknownPolicy = "error",
         replacement: str | None = None,
     ) -> LineCorpus:
-        fix = TRAINING_FIX if tokenizer is None else MODEL_FIX
+        fix = None if tokenizer is None else MODEL_FIX
         strings = read_items(data.path, block_size, data.skip_bad_lines, say, fix)
         model_tokenizer = tokenizer or items_tokenizer(strings)
         encoded = encode_items(strings, model_tokenizer, unknown, replacement, hint, data.path)

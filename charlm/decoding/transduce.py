@@ -215,6 +215,7 @@ class TransductionResult:
     unknown_chars: int = 0  # characters the model never saw in the file scored, replaced (--unknown replace)
     unknown_lines: int = 0  # the file's lines that held one (replaced, or left out with --unknown skip)
     single_reference: dict[str, Any] = field(default_factory=dict)  # the figures line by line
+    skipped: list[str] = field(default_factory=list)  # lines left out as data.skip_bad_lines says, in words
 
     @property
     def bpc(self) -> float:

@@ -199,7 +199,10 @@ def evaluate_pairs(
     data = for_file(loaded.config.data, given, split)
     room = loaded.config.model.block_size
     hint = "use --unknown replace to read them as the unknown symbol, or --unknown skip to leave their lines out"
-    corpus = PairCorpus.from_config(data, room, loaded.tokenizer, hint=hint, unknown=unknown, replacement=replace_with)
+    skipped: list[str] = []  # the model's data.skip_bad_lines leaves lines out: said, never silent
+    corpus = PairCorpus.from_config(
+        data, room, loaded.tokenizer, skipped.append, hint=hint, unknown=unknown, replacement=replace_with
+    )
     scored = corpus.split(split)
     if not scored:
         raise UsageError(f"the {split} split of {given} holds no line to score (--unknown skip left them all out?)")
@@ -211,6 +214,7 @@ def evaluate_pairs(
         result = cast(PairScorer, scorer)(scored, options, batch_size)
     result.split, result.file = split, split_file(data, split)
     result.unknown_chars, result.unknown_lines = corpus.unknown_counts.get(result.file, (0, 0))
+    result.skipped = skipped
     return result
 
 

@@ -221,7 +221,7 @@ def score_lines(
     skip` leaves the latter out)."""
     module = loaded.family.as_lines(loaded)
     numbered = numbered_items(text)
-    fix = "shorten or remove them (each line is one item of this model)"
+    fix = "fix or remove them (each line is one item of this model)"
     strings = check_items(numbered, loaded.config.model.block_size, False, where, lambda _: None, fix)
     known = set(loaded.tokenizer.chars)
     if unknown == "skip":
