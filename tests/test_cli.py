@@ -81,3 +81,20 @@ def test_json_is_one_object_on_one_line(tmp_path, corpus):
     assert len(lines) == 1
     summary = json.loads(lines[0])
     assert summary["steps"] == 20 and "\x1b[" not in result.stderr
+
+
+def test_a_runs_relative_data_path_missing_from_another_folder_says_where_it_looked(tmp_path, corpus, monkeypatch):
+    """A run keeps its data path as it was given; read from another folder, the line names the folder it looked in
+    and how to point at the file, and a path that is no built-in corpus is not told to `charlm download`."""
+    (tmp_path / "project" / "texts").mkdir(parents=True)
+    (tmp_path / "project" / "texts" / "mine.txt").write_bytes(corpus.read_bytes())
+    monkeypatch.chdir(tmp_path / "project")
+    run_cli(*train_cli("texts/mine.txt", "run", steps=2, quiet=True), check=True)
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    refused = run_cli("eval", tmp_path / "project" / "run")
+    where = tmp_path / "elsewhere"
+    assert_one_line_error(refused, 2, f"data path not found: texts/mine.txt in {where}", "relative path", "--data")
+    assert "charlm download" not in refused.stderr
+    scored = run_cli("eval", tmp_path / "project" / "run", "--data", tmp_path / "project" / "texts" / "mine.txt")
+    assert scored.returncode == 0 and "nats/char" in scored.stdout

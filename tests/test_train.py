@@ -136,7 +136,8 @@ def test_checkpoint_round_trip_reproduces_logits_exactly(tmp_path):
 
 def test_missing_data_file_is_a_clear_error(tmp_path):
     result = run_cli(*train_cli(tmp_path / "nope.txt", tmp_path / "r", config="tiny"))
-    assert_one_line_error(result, 2, "nope.txt", "charlm download")
+    assert_one_line_error(result, 2, "data path not found", "nope.txt", "--data PATH")
+    assert "charlm download" not in result.stderr  # no built-in corpus lives there
 
 
 def test_train_fetches_the_default_corpus_when_missing(tmp_path, full_corpus):

@@ -61,9 +61,14 @@ def id_dtype(vocab_size: int) -> torch.dtype:
 def source_files(path: Path) -> list[Path]:
     """The files a data path stands for: itself, or a folder's files (recursively, hidden ones skipped) by name."""
     if not path.exists():
+        from charlm.data.download import CORPORA  # the built-in corpora's default paths
+
+        # a run's own data path is as it was given: read from where charlm runs now, which may not be where it trained
+        where = "" if path.is_absolute() else f" in {Path.cwd()} (a relative path is read from where charlm runs)"
+        builtin = any(path == corpus.dest for corpus in CORPORA.values())
+        fix = "run `charlm download`, or pass" if builtin else "pass"
         raise UsageError(
-            f"data path not found: {path} (run `charlm download`, or pass --data PATH to a text file "
-            "or a folder of text files)"
+            f"data path not found: {path}{where}; {fix} --data PATH to a text file or a folder of text files"
         )
     if path.is_file():
         if path.stat().st_size == 0:
