@@ -96,5 +96,8 @@ def test_a_runs_relative_data_path_missing_from_another_folder_says_where_it_loo
     where = tmp_path / "elsewhere"
     assert_one_line_error(refused, 2, f"data path not found: texts/mine.txt in {where}", "relative path", "--data")
     assert "charlm download" not in refused.stderr
-    scored = run_cli("eval", tmp_path / "project" / "run", "--data", tmp_path / "project" / "texts" / "mine.txt")
-    assert scored.returncode == 0 and "nats/char" in scored.stdout
+    given = tmp_path / "project" / "texts" / "mine.txt"  # the same file by its full path: its validation split
+    scored = run_cli("eval", tmp_path / "project" / "run", "--data", given, "--split", "val", check=True)
+    assert scored.stdout.startswith(f"val split of {given}: loss ")
+    builtin = run_cli("eval", tmp_path / "project" / "run", "--data", "data/text8")  # a built-in corpus's own place
+    assert_one_line_error(builtin, 2, "data path not found: data/text8", "run `charlm download text8`")

@@ -217,7 +217,7 @@ def test_an_empty_prompt_to_look_at_is_refused_in_one_line(lines_run):
     speaker of tiny-shakespeare, is not a list's: the line says it was the default and asks for one."""
     assert_one_line_error(run_cli("attention", lines_run, "--prompt", "", "--json"), 2, "the prompt is empty")
     default = run_cli("attention", lines_run, "--json")
-    assert_one_line_error(default, 2, "the default --prompt 'ROMEO: '", "give a text of its own with --prompt")
+    assert_one_line_error(default, 2, "the default --prompt 'ROMEO: '", "pass --prompt with a text in the model's")
 
 
 def test_another_file_of_one_item_is_scored_whole(lines_run, tmp_path):

@@ -133,7 +133,7 @@ def attention(
         if prompt is None:
             raise UsageError(
                 f"the default --prompt {DEFAULT_ATTENTION_PROMPT!r} has characters not in {model.path}'s vocabulary "
-                f"({shown}); give a text of its own with --prompt"
+                f"({shown}); pass --prompt with a text in the model's characters"
             )
         raise UsageError(f"--prompt has characters not in the model's vocabulary: {shown}; leave them out")
     prompt = DEFAULT_ATTENTION_PROMPT if prompt is None else prompt

@@ -82,8 +82,9 @@ class DataConfig:
     )
     skip_bad_lines: bool = documented(
         False,
-        "pairs: skip lines without exactly one tab, with an empty side or too long; lines: skip items too long for "
-        "the context (else: refuse the file)",
+        "pairs: skip lines without exactly one tab, with an empty side, too long or holding a reserved control "
+        "character (U+0000, U+0002, U+0003); lines: skip items too long for the context or holding one (else: refuse "
+        "the file)",
     )
     unknown_dropout: float = documented(
         0.0,

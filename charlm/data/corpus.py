@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from charlm.config.schema import DataConfig
-from charlm.data.prepare import id_dtype, prepare, release_mapped_pages
+from charlm.data.prepare import id_dtype, missing_data, prepare, release_mapped_pages
 from charlm.data.tokenizer import CharTokenizer, Tokenizer, UnknownPolicy
 from charlm.errors import UsageError
 
@@ -23,9 +23,7 @@ def read_text(path: str | Path) -> str:
     """Read a file as strict UTF-8; a missing, empty, non-file or non-UTF-8 file is refused with the reason."""
     path = Path(path)
     if not path.exists():
-        raise UsageError(
-            f"data file not found: {path} (run `charlm download`, or pass --data PATH to a UTF-8 text file)"
-        )
+        raise missing_data(path)
     if path.is_dir():
         raise UsageError(f"data path is a directory, not a text file: {path} (pass --data PATH to a file)")
     try:

@@ -351,10 +351,15 @@ def _extract(archive: Path, member: str, dest: Path) -> None:
         raise WorkError(f"cannot extract {archive} to {dest}: {e.strerror or e}") from None
 
 
+def builtin_at(path: str | Path) -> BuiltinCorpus | None:
+    """The built-in corpus whose text lands at this path (as given: data/tinyshakespeare.txt), if any."""
+    return next((corpus for corpus in CORPORA.values() if Path(path) == corpus.dest), None)
+
+
 def ensure_builtin_corpus(path: str | Path, say: Callable[[str], None]) -> None:
     """Fetch a built-in corpus to its default path when training on that path and it is missing."""
-    for corpus in CORPORA.values():
-        if Path(path) == corpus.dest and not corpus.dest.exists():
-            source = os.environ.get(corpus.url_env) or corpus.url
-            say(f"{corpus.dest} is missing: downloading {corpus.title or corpus.name} from {source}")
-            download_corpus(corpus, say=say)
+    corpus = builtin_at(path)
+    if corpus is not None and not corpus.dest.exists():
+        source = os.environ.get(corpus.url_env) or corpus.url
+        say(f"{corpus.dest} is missing: downloading {corpus.title or corpus.name} from {source}")
+        download_corpus(corpus, say=say)

@@ -17,7 +17,7 @@ import torch
 
 from charlm.config.schema import DataConfig
 from charlm.data.corpus import IGNORE, read_text
-from charlm.data.records import RecordSplits, refuse_or_skip
+from charlm.data.records import MODEL_FIX, RecordSplits, refuse_or_skip
 from charlm.data.tokenizer import BOS, EOS, PAD, SPECIAL_CHARS, CharTokenizer, Tokenizer, UnknownPolicy
 from charlm.errors import UsageError
 
@@ -38,8 +38,6 @@ def numbered_items(text: str) -> list[tuple[int, str]]:
 
 
 SKIP = "or set data.skip_bad_lines=true to train on the rest"
-# For a model that exists (scored, or resumed), whose context and data.skip_bad_lines its training fixed.
-MODEL_FIX = "fix or remove them (a trained model's context and data.skip_bad_lines stay as they were trained)"
 
 
 def training_fix(problems: dict[str, list[int]]) -> str:

@@ -17,7 +17,7 @@ from torch import nn
 
 from charlm.config.schema import DataConfig
 from charlm.data.corpus import IGNORE, read_text
-from charlm.data.records import RecordSplits, refuse_or_skip
+from charlm.data.records import MODEL_FIX, RecordSplits, refuse_or_skip
 from charlm.data.tokenizer import BOS, EOS, PAD, SPECIAL_CHARS, UNKNOWN_CHAR, CharTokenizer, Tokenizer, UnknownPolicy
 from charlm.errors import UsageError
 from charlm.hardware.device import autocast
@@ -26,8 +26,6 @@ Pair = tuple[list[int], list[int]]  # source ids, target ids (without BOS/EOS)
 
 
 TRAINING_FIX = "fix them, or set data.skip_bad_lines=true to train on the other lines"
-# For a model that exists (scored, or resumed), whose context and data.skip_bad_lines its training fixed.
-MODEL_FIX = "fix or remove them (a trained model's context and data.skip_bad_lines stay as they were trained)"
 
 
 def read_pairs(
@@ -80,7 +78,7 @@ class PairCorpus(RecordSplits[Pair]):
 
     # For each file read so far (the test file is read when asked for): the characters the model never saw that
     # were replaced (--unknown replace), and the lines that held one (replaced, or left out with --unknown skip).
-    unknown_counts: Mapping[str, tuple[int, int]] = {}
+    unknown_counts: Mapping[str, tuple[int, int]] = {}  # replaced per instance, never mutated: one shared default
 
     @classmethod
     def from_config(

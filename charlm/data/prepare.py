@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from charlm.data.download import builtin_at
 from charlm.data.tokenizer import ByteTokenizer, CharTokenizer, Tokenizer
 from charlm.errors import UsageError, WorkError
 from charlm.files import atomic_write
@@ -58,18 +59,23 @@ def id_dtype(vocab_size: int) -> torch.dtype:
 # ---------------------------------------------------------------------------- the source
 
 
+def missing_data(path: Path) -> UsageError:
+    """The one line for a data path that is not there. A run keeps its data path as it was given, so a relative one
+    is read from where charlm runs now, which may not be where the run trained: the line names that folder."""
+    where = "" if path.is_absolute() else f" in {Path.cwd()} (a relative path is read from the folder charlm runs in)"
+    corpus = builtin_at(path)
+    fetch = (
+        f"run `charlm download{'' if corpus.name == 'tinyshakespeare' else ' ' + corpus.name}`, or " if corpus else ""
+    )
+    return UsageError(
+        f"data path not found: {path}{where}; {fetch}pass --data PATH to a text file or a folder of texts"
+    )
+
+
 def source_files(path: Path) -> list[Path]:
     """The files a data path stands for: itself, or a folder's files (recursively, hidden ones skipped) by name."""
     if not path.exists():
-        from charlm.data.download import CORPORA  # the built-in corpora's default paths
-
-        # a run's own data path is as it was given: read from where charlm runs now, which may not be where it trained
-        where = "" if path.is_absolute() else f" in {Path.cwd()} (a relative path is read from where charlm runs)"
-        builtin = any(path == corpus.dest for corpus in CORPORA.values())
-        fix = "run `charlm download`, or pass" if builtin else "pass"
-        raise UsageError(
-            f"data path not found: {path}{where}; {fix} --data PATH to a text file or a folder of text files"
-        )
+        raise missing_data(path)
     if path.is_file():
         if path.stat().st_size == 0:
             raise UsageError(f"data file is empty: {path} (give a UTF-8 text file with some text in it)")

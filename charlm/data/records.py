@@ -18,6 +18,10 @@ SPLIT_SEED = 0  # fixed: the split is the file's, not the run's (a resumed or co
 Record = TypeVar("Record")
 
 
+# For a model that exists (scored, or resumed), whose context and data.skip_bad_lines its training fixed.
+MODEL_FIX = "fix or remove them (a trained model's context and data.skip_bad_lines stay as they were trained)"
+
+
 def refuse_or_skip(
     problems: dict[str, list[int]], where: str, skip_bad: bool, fix: str, say: Callable[[str], None]
 ) -> None:

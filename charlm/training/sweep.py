@@ -1,8 +1,9 @@
 """`charlm sweep`: a spec's trials run one at a time, each a normal run folder, searched by Optuna (grid, random or
 TPE) and pruned on their own periodic evaluations; the study lives in an SQLite file that a killed sweep goes on from.
 
-The sweep folder's files are named in charlm.training.sweep_folder; its lock is held with flock while a sweep runs
-(the kernel lets go when the process dies, so a killed sweep never blocks the next).
+The sweep folder's files are named in charlm.training.sweep_folder, its trials' run folders (trial-NNN) by
+_next_folder; its lock is held with flock while a sweep runs (the kernel lets go when the process dies, so a killed
+sweep never blocks the next).
 
 A trial counts once it is complete, pruned, or failed for a reason of its own settings (a combination that is no
 config, a diverged run). A trial cut short from outside (a kill, a signal, a full disk) does not count: its values
