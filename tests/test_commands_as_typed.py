@@ -88,6 +88,22 @@ def test_the_same_command_with_resume_appended_continues_the_run(tmp_path, corpu
     assert json.loads(again.stdout)["steps"] == 20
 
 
+def test_resume_says_once_that_the_data_file_changed_since_the_run_started(tmp_path, corpus):
+    """Text of the same characters appended to the file: the resumed run trains on it as it is (a user may mean to),
+    and says so, with both sizes, on the first resume after the change only."""
+    data = tmp_path / "mine.txt"
+    text = corpus.read_text(encoding="utf-8")
+    data.write_text(text, encoding="utf-8")
+    run_cli(*train_cli(data, tmp_path / "r", steps=2, quiet=True), check=True)
+    data.write_text(text + text[:3000], encoding="utf-8")
+    changed = run_cli(*train_cli(out=tmp_path / "r", resume=True, steps=4), check=True)
+    size = len(text.encode())
+    said = [line for line in changed.stderr.splitlines() if "has changed since this run last started" in line]
+    assert len(said) == 1 and f"({size:,} bytes, now {size + 3000:,})" in said[0], changed.stderr
+    again = run_cli(*train_cli(out=tmp_path / "r", resume=True, steps=6), check=True)
+    assert "has changed" not in again.stderr
+
+
 def test_resume_refuses_a_real_change_naming_saved_and_given_values_once(tmp_path, corpus):
     first = train_cli(corpus, tmp_path / "r", steps=10)
     run_cli(*first, check=True)

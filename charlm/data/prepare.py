@@ -59,6 +59,11 @@ def id_dtype(vocab_size: int) -> torch.dtype:
 # ---------------------------------------------------------------------------- the source
 
 
+def data_bytes(path: str | Path) -> int:
+    """The size of the files a data path stands for, in bytes."""
+    return sum(f.stat().st_size for f in source_files(Path(path)))
+
+
 def missing_data(path: Path) -> UsageError:
     """The one line for a data path that is not there. A run keeps its data path as it was given, so a relative one
     is read from where charlm runs now, which may not be where the run trained: the line names that folder."""

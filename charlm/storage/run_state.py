@@ -22,6 +22,7 @@ class RunState:
     lr: float = 0.0  # the learning rate of the last step (0: not recorded, in checkpoints older than this field)
     world_size: int = 1  # processes (torchrun ranks)
     global_batch: int = 0  # windows per optimizer step: batch_size x grad_accum x world_size
+    data_bytes: int = 0  # the size of data.path's files when the run last started (0: not recorded)
     # This invocation's, zero again after a resume:
     train_s: float = 0.0  # seconds in training steps (compilation and evaluation excluded)
     eval_s: float = 0.0
@@ -38,7 +39,7 @@ class RunState:
     @classmethod
     def from_dict(cls, stored: dict[str, Any]) -> RunState:
         """A saved state continued: this invocation's counters at zero; a field that older checkpoints lack (tokens,
-        evals_since_best, elapsed_s, lr) keeps its default."""
+        evals_since_best, elapsed_s, lr, data_bytes) keeps its default."""
         kept = {f.name for f in fields(cls)} - set(INVOCATION_FIELDS)
         defaults = cls()  # each stored value read as its field's type (a checkpoint may hold 0 for 0.0)
         return cls(**{name: type(getattr(defaults, name))(stored[name]) for name in kept if name in stored})

@@ -34,7 +34,7 @@ from typing import Any
 from charlm.config import schema as cfg
 from charlm.config.schema import Config
 from charlm.data.download import ensure_builtin_corpus
-from charlm.data.prepare import source_files
+from charlm.data.prepare import data_bytes
 from charlm.errors import UsageError
 from charlm.families.registry import family, family_for
 
@@ -190,7 +190,7 @@ def dropout_for(epochs_of_reference: float) -> float:
 def split_characters(config: Config) -> tuple[int, int]:
     """The training and validation splits' sizes in characters, estimated from the files' bytes (the same for
     mostly-ASCII text)."""
-    total = sum(f.stat().st_size for f in source_files(Path(config.data.path)))
+    total = data_bytes(config.data.path)
     d = config.data
     held_val = 0 if d.val_path else d.val_size or round(total * d.val_fraction)  # a given file takes nothing
     held = held_val + (0 if d.test_path else d.test_size or round(total * d.test_fraction))

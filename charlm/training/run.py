@@ -19,6 +19,7 @@ from charlm.data.corpus import Corpus, same_content
 from charlm.data.download import ensure_builtin_corpus
 from charlm.data.lines import LineCorpus
 from charlm.data.pairs import PairCorpus
+from charlm.data.prepare import data_bytes
 from charlm.errors import UsageError
 from charlm.families.registry import build_model
 from charlm.hardware.device import configure_backends, out_of_memory, pick_device, precision_words, seed_everything
@@ -349,9 +350,17 @@ def _build(
     seed_everything(seed_for_rank(config.train.seed, dist.rank))  # then each rank its own dropout stream
     folder = RunFolder(out_dir, config, corpus.tokenizer, writes=dist.is_main, replaced=replaced)
     trainer = Trainer(config, model, corpus, device, folder, reporter, stop, dist, started)
+    size = data_bytes(config.data.path)
     if ckpt:
         trainer.resume(*ckpt.resume_state(), ckpt.path)
         reporter.info(f"resuming {out_dir / 'last.pt'} at step {trainer.state.step}")
+        if trainer.state.data_bytes and trainer.state.data_bytes != size:  # same characters, or it was refused above
+            reporter.warn(
+                f"{config.data.path} has changed since this run last started ({trainer.state.data_bytes:,} bytes, "
+                f"now {size:,}): training goes on with it as it is now, and its validation figures are not comparable "
+                "with the earlier ones"
+            )
+    trainer.state.data_bytes = size
     reporter.info(trainer.schedule.describe())
     reporter.info(f"precision: {precision_words(trainer.amp_dtype, config.train.dtype, device)}")
     if device.type == "cpu" and trainer.amp_dtype is None:  # under autocast the precision line says it all
