@@ -128,15 +128,15 @@ def attention(
     if not json_out:
         check_png_target(output)
     model = load(checkpoint_path(checkpoint), "cpu")
-    if unseen := model.tokenizer.unknown_chars(DEFAULT_ATTENTION_PROMPT if prompt is None else prompt):
-        shown = ", ".join(f"{c!r} (U+{ord(c):04X})" for c in unseen[:10])  # a map shows the model's own characters
-        if prompt is None:
+    given, prompt = prompt is not None, DEFAULT_ATTENTION_PROMPT if prompt is None else prompt
+    if unseen := model.tokenizer.unknown_chars(prompt):  # a map shows the model's own characters, nothing stands in
+        shown = ", ".join(f"{c!r} (U+{ord(c):04X})" for c in unseen[:10])
+        if not given:
             raise UsageError(
-                f"the default --prompt {DEFAULT_ATTENTION_PROMPT!r} has characters not in {model.path}'s vocabulary "
-                f"({shown}); pass --prompt with a text in the model's characters"
+                f"the default --prompt {prompt!r} has characters not in {model.path}'s vocabulary ({shown}); pass "
+                "--prompt with a text in the model's characters"
             )
         raise UsageError(f"--prompt has characters not in the model's vocabulary: {shown}; leave them out")
-    prompt = DEFAULT_ATTENTION_PROMPT if prompt is None else prompt
     if model.family.rewrites_sources:  # three maps: encoder, decoder and cross-attention
         return _transduction_attention(model, prompt, output, layer, head, (part or Part.cross).value, json_out)
     if part is not None:

@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from charlm.data.download import builtin_at
+from charlm.data.download import DEFAULT_DEST, builtin_at
 from charlm.data.tokenizer import ByteTokenizer, CharTokenizer, Tokenizer
 from charlm.errors import UsageError, WorkError
 from charlm.files import atomic_write
@@ -69,9 +69,8 @@ def missing_data(path: Path) -> UsageError:
     is read from where charlm runs now, which may not be where the run trained: the line names that folder."""
     where = "" if path.is_absolute() else f" in {Path.cwd()} (a relative path is read from the folder charlm runs in)"
     corpus = builtin_at(path)
-    fetch = (
-        f"run `charlm download{'' if corpus.name == 'tinyshakespeare' else ' ' + corpus.name}`, or " if corpus else ""
-    )
+    command = "" if corpus is None else "charlm download" + ("" if corpus.dest == DEFAULT_DEST else f" {corpus.name}")
+    fetch = f"run `{command}`, or " if command else ""
     return UsageError(
         f"data path not found: {path}{where}; {fetch}pass --data PATH to a text file or a folder of texts"
     )
