@@ -54,3 +54,24 @@ def test_config_help_names_every_shipped_config():
 def test_checkpoint_arguments_say_an_export_is_accepted():
     for name in ("info", "export", "sample", "eval"):
         assert "or export" in " ".join(rendered_help(name).split()), name
+
+
+def test_eval_json_help_names_each_kind_of_results_figures():
+    """Every figure `charlm eval --json` prints for a text, a list of pairs, a lines model or an encoder is named in
+    its help (the per-item details of pairs and lists, and the skipped lines, are left to the docs)."""
+    from charlm.decoding.transduce import TransductionResult
+    from charlm.evaluation.items import ItemsResult
+    from charlm.evaluation.loss import EvalResult
+    from charlm.evaluation.masked import MaskedResult
+
+    details = {"sources", "unknown_chars", "unknown_lines", "single_reference", "skipped", "scores"}
+    results = [
+        EvalResult(loss=1.0, chars=1),
+        TransductionResult(1.0, 1.0, word_error_rate=0, char_error_rate=0, token_error_rate=0, lines=1, chars=1),
+        ItemsResult(loss=1.0, chars=1, items=1),
+        MaskedResult(loss=1.0, accuracy=1.0, chars=1),
+    ]
+    text = " ".join(rendered_help("eval").split())
+    for result in results:
+        for key in [*(result.to_dict().keys() - details), "runtime"]:
+            assert re.search(rf"\b{key}\b", text), f"eval --json help leaves out {type(result).__name__}.{key}"

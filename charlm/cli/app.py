@@ -270,8 +270,10 @@ def eval_(
         bool,
         typer.Option(
             "--json",
-            help="Print one JSON object: loss, bpc, perplexity, chars, split, file, stride, unit, runtime (torch, or "
-            "onnxruntime for an ONNX export).",
+            help="Print one JSON object: loss, bpc, chars, split, file and runtime (torch, or onnxruntime for an ONNX "
+            "export); a text's adds perplexity, stride and unit; pairs' exact_match, word_error_rate, "
+            "char_error_rate, token_error_rate, lines and beam; a lines model's perplexity, unit, items and "
+            "mean_logprob; an encoder's accuracy.",
         ),
     ] = False,
 ) -> None:

@@ -13,6 +13,7 @@ from rich.table import Table
 from charlm.cli.support import needs_torch, print_json, remover_if_created
 from charlm.config.sources import CONFIG_DIRS
 from charlm.errors import Interrupted
+from charlm.training.sweep_folder import BEST_FILE, RESULTS_FILE, STUDY_FILE
 
 
 def _shipped_specs() -> str:
@@ -34,7 +35,8 @@ def sweep(
     out_dir: Annotated[
         Optional[Path],
         typer.Option(
-            help="Sweep folder: study.db, a run folder per trial, results.json, best.yaml. Default: runs/<spec name>. "
+            help=f"Sweep folder: {STUDY_FILE}, a run folder per trial, {RESULTS_FILE}, {BEST_FILE}. Default: "
+            "runs/<spec name>. "
             "The same command again goes on where a stopped or killed sweep left off.",
             show_default=False,
         ),
@@ -43,8 +45,8 @@ def sweep(
         bool,
         typer.Option(
             "--json",
-            help="Print results.json as one JSON object: every counted trial ranked, with its values, full-val loss, "
-            "state and folder; the best one and best.yaml's path.",
+            help=f"Print {RESULTS_FILE} as one JSON object: every counted trial ranked, with its values, full-val "
+            f"loss, state and folder; the best one and {BEST_FILE}'s path.",
         ),
     ] = False,
     quiet: Annotated[
