@@ -5,7 +5,7 @@ import math
 
 import pytest
 import torch
-from conftest import run_cli, train_cli
+from conftest import assert_one_line_error, run_cli, train_cli
 
 from charlm.config.schema import Config, ModelConfig
 from charlm.decoding.generate import generate_ids
@@ -182,6 +182,15 @@ def test_info_cli_for_the_gpu_config_shows_about_10_7m(tmp_path):
     assert "10,745,088" in table
     figures = json.loads(run_cli("info", "--config", "gpu", "--json", check=True).stdout)
     assert figures["total_params"] == 10_745_088 and figures["flops_per_token"] > 6 * 10_000_000
+
+
+def test_info_vocab_size_goes_with_a_config_only(tmp_path, tiny_checkpoint):
+    """A checkpoint has its vocabulary, and a byte tokenizer's is 256: --vocab-size is refused there, not ignored."""
+    assert_one_line_error(run_cli("info", tiny_checkpoint, "--vocab-size", "10"), 2, "--vocab-size", "not both")
+    byte = run_cli("info", "-c", "tiny", "--set", "data.tokenizer=byte", "--vocab-size", "5")
+    assert_one_line_error(byte, 2, "--vocab-size 5", "vocabulary is 256")
+    plain, wider = (run_cli("info", "-c", "tiny", *v, "--json", check=True) for v in ([], ["--vocab-size", "70"]))
+    assert json.loads(wider.stdout)["total_params"] > json.loads(plain.stdout)["total_params"]
 
 
 @pytest.mark.parametrize("encoding", ["rope", "alibi", "sinusoidal"])

@@ -101,3 +101,19 @@ def test_a_runs_relative_data_path_missing_from_another_folder_says_where_it_loo
     assert scored.stdout.startswith(f"val split of {given}: loss ")
     builtin = run_cli("eval", tmp_path / "project" / "run", "--data", "data/text8")  # a built-in corpus's own place
     assert_one_line_error(builtin, 2, "data path not found: data/text8", "run `charlm download text8`")
+
+
+@pytest.mark.parametrize(
+    "args,flag",
+    [
+        (["train", "-c", "tiny", "--set", "train.max_steps=1", "--out-dir", ""], "--out-dir"),
+        (["sweep", "spec.yaml", "--out-dir="], "--out-dir"),
+        (["train", "-c", "", "--set", "train.max_steps=1"], "--config"),
+        (["config", "--config", " "], "--config"),
+    ],
+)
+def test_an_empty_folder_or_config_is_refused_not_taken_as_here_or_the_default(tmp_path, args, flag):
+    """An empty value (most often an unset shell variable) would train into the current folder, or quietly run the
+    default config: refused in one line, nothing written."""
+    assert_one_line_error(run_cli(*args, cwd=tmp_path), 2, flag, "is empty")
+    assert list(tmp_path.iterdir()) == []

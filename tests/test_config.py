@@ -152,6 +152,22 @@ def test_all_errors_are_reported_at_once(tmp_path):
     assert any(e.startswith("train.batch_size") for e in errors)
 
 
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("foo: {}\n", "unknown section 'foo'"),  # empty: nothing would have been applied, so nothing was said
+        ("modle:\n", "did you mean 'model'?"),
+        ("n_layer: 2\n", "write 'model:' and on the next line '  n_layer: ...'"),  # a key written at the top
+        ("model.n_layer: 2\n", "write 'model:' and on the next line '  n_layer: ...'"),  # as --set writes it
+    ],
+)
+def test_a_config_files_unknown_section_is_named_with_how_to_nest_a_key(tmp_path, text, expected):
+    f = tmp_path / "c.yaml"
+    f.write_text(text)
+    (message,) = _errors(path=f)
+    assert expected in message, message
+
+
 def test_yaml_merge_keys_load_and_an_unhashable_key_is_one_line(tmp_path):
     merged = tmp_path / "merged.yaml"
     merged.write_text("base: &b {lr: 0.01, batch_size: 4}\ntrain:\n  <<: *b\n  lr: 0.02\n")

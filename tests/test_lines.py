@@ -291,6 +291,18 @@ def test_score_gives_each_line_its_log_likelihood_in_order_or_ranked(lines_run, 
     assert [s["item"] for s in skipped["scores"]] == ["emma"]
 
 
+def test_score_refuses_a_reserved_replacement_and_says_when_skip_left_out_every_line(lines_run, tmp_path):
+    candidates = tmp_path / "c.txt"
+    candidates.write_text("anna\nb€b\n")
+    for reserved in ("\x00", "\x02", "\x03"):  # an end symbol inside an item would score it as two
+        result = run_cli("score", candidates, lines_run, "--unknown", "replace", "--replace-with", reserved)
+        assert_one_line_error(result, 2, f"U+{ord(reserved):04X} is one of the padding, start and end symbols")
+    unseen = tmp_path / "unseen.txt"
+    unseen.write_text("€\n€€\n")
+    result = run_cli("score", unseen, lines_run, "--unknown", "skip")
+    assert_one_line_error(result, 2, "--unknown skip left all 2 out", "--unknown replace")
+
+
 def test_score_of_a_text_model_is_refused_in_one_line(tiny_checkpoint, tmp_path):
     candidates = tmp_path / "c.txt"
     candidates.write_text("a\n")

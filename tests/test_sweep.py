@@ -223,6 +223,24 @@ def test_a_folder_that_is_no_sweep_is_not_swept_into(tmp_path, corpus):
     assert_one_line_error(refused, 2, "cannot write to --out-dir", "notes.txt is a file, not a folder")
 
 
+@pytest.mark.parametrize("damage", ["truncated", "not a database"])
+def test_a_damaged_study_is_named_in_one_line(tmp_path, corpus, damage):
+    spec = write_spec(tmp_path, corpus, {"model.n_head": {"choices": [1, 2]}}, trials=1, budget={"steps": 2})
+    out = tmp_path / "sweep"
+    run_cli("sweep", spec, "--out-dir", out, "--quiet", check=True)
+    study = out / "study.db"
+    study.write_bytes(study.read_bytes()[:1000] if damage == "truncated" else b"garbage " * 200)
+    assert_one_line_error(run_cli("sweep", spec, "--out-dir", out), 2, f"{study} is damaged", "--out-dir")
+
+
+def test_a_swept_data_path_that_is_missing_is_refused_before_any_trial(tmp_path, corpus):
+    params = {"data.path": {"choices": [str(corpus), str(tmp_path / "nowhere.txt")]}}
+    spec = write_spec(tmp_path, corpus, params, sampler="grid", trials=2, set=FIXED)
+    out = tmp_path / "sweep"
+    assert_one_line_error(run_cli("sweep", spec, "--out-dir", out), 2, "nowhere.txt")
+    assert not out.exists()
+
+
 def test_without_optuna_the_sweep_names_the_extra_to_install(tmp_path, corpus, monkeypatch):
     """Optuna made unimportable (None in sys.modules: `import optuna` raises ImportError, as where it is missing), and
     the sweep code imported afresh under it, as in a process where optuna was never there."""

@@ -82,6 +82,11 @@ def test_plot_writes_a_real_png(tmp_path, corpus):
     run_cli("plot", tmp_path / "a", tmp_path / "b", "-o", out, check=True)
     data = out.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+    run_cli("plot", tmp_path / "a", "-o", tmp_path / "loss.pdf", check=True)  # the name's ending picks the format
+    assert (tmp_path / "loss.pdf").read_bytes()[:5] == b"%PDF-"
+    refused = run_cli("plot", tmp_path / "a", "-o", tmp_path / "loss.txt")
+    assert_one_line_error(refused, 2, "loss.txt", ".png, .pdf, .svg")
+    assert not (tmp_path / "loss.txt").exists()
 
 
 def test_plot_of_a_folder_without_metrics_is_one_line(tmp_path):

@@ -29,6 +29,7 @@ from charlm.cli.support import (
     check_replacement,
     checkpoint_path,
     complete_device,
+    folder,
     load_ensemble,
     needs_torch,
     print_json,
@@ -70,6 +71,15 @@ def root(
 # ---------------------------------------------------------------------------- download
 
 
+def _timeout_given(value: float) -> float:
+    """--timeout checked as it is parsed: NaN passes click's range check, and inf reached the socket's time_t."""
+    from charlm.data.download import timeout_problem
+
+    if problem := timeout_problem(value):
+        raise typer.BadParameter(problem)
+    return value
+
+
 @app.command()
 def download(
     name: Annotated[
@@ -106,7 +116,12 @@ def download(
     retries: Annotated[
         int, typer.Option(min=0, max=10, help="Extra attempts after a transient failure (backoff 1, 2, 4, 8 s).")
     ] = 4,
-    timeout: Annotated[float, typer.Option(min=0.1, help="Seconds to wait for the server on each attempt.")] = 10.0,
+    timeout: Annotated[
+        float,
+        typer.Option(
+            callback=_timeout_given, help="Seconds to wait for the server on each attempt (0.1 to 3600, an hour)."
+        ),
+    ] = 10.0,
 ) -> None:
     """Fetch tiny-shakespeare (or enwik8, text8, cmudict), check its pinned SHA-256, unzip or convert; keeps it."""
     from charlm.data import download as dl
@@ -144,7 +159,9 @@ def train(
     data: Annotated[
         Optional[str], typer.Option(help="Text file, or folder of text files, to train on (data.path).")
     ] = None,
-    out_dir: Annotated[Optional[Path], typer.Option(help="Run folder. Default: runs/<config name>.")] = None,
+    out_dir: Annotated[
+        Optional[Path], typer.Option(parser=folder, help="Run folder. Default: runs/<config name>.")
+    ] = None,
     device: Annotated[
         Optional[str], typer.Option(help=f"{DEVICE_HELP} (train.device)", autocompletion=complete_device)
     ] = None,

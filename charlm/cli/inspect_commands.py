@@ -10,6 +10,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from charlm.cli.plot import IMAGE_HELP
 from charlm.cli.support import (
     CHECKPOINT_HELP,
     ConfigOption,
@@ -61,9 +62,10 @@ def info(
     from charlm.storage.checkpoint import RUNS_DIR
     from charlm.storage.loading import load_model_file
 
-    if checkpoint is not None and (config is not None or set_):
-        raise UsageError("give a checkpoint or --config/--set, not both")
-    if checkpoint is None and config is None and not set_ and any(RUNS_DIR.glob("**/best.pt")):
+    if checkpoint is not None and (config is not None or set_ or vocab_size is not None):
+        raise UsageError("give a checkpoint or --config/--set/--vocab-size, not both (a checkpoint has its vocabulary)")
+    by_config = config is not None or set_ or vocab_size is not None
+    if checkpoint is None and not by_config and any(RUNS_DIR.glob("**/best.pt")):
         checkpoint = str(checkpoint_path(None))
     if checkpoint is not None:
         ckpt = load_model_file(checkpoint)
@@ -72,6 +74,8 @@ def info(
     else:
         loaded = cfg.load_config(config or cfg.DEFAULT_CONFIG, set_ or [])
         model_config = loaded.model
+        if loaded.data.tokenizer == "byte" and vocab_size not in (None, 256):
+            raise UsageError(f"--vocab-size {vocab_size}: a byte tokenizer's vocabulary is 256; leave --vocab-size out")
         vocab = vocab_size or (256 if loaded.data.tokenizer == "byte" else 65)
         title = f"{config or cfg.DEFAULT_CONFIG} (vocabulary {vocab})"
     result = model_info(model_config, vocab)
@@ -95,7 +99,7 @@ def attention(
             show_default=False,
         ),
     ] = None,
-    output: Annotated[Path, typer.Option("--output", "-o", help="PNG file to write.")] = Path("attention.png"),
+    output: Annotated[Path, typer.Option("--output", "-o", help=IMAGE_HELP)] = Path("attention.png"),
     layer: Annotated[
         Optional[list[int]], typer.Option(help="Layer to show (repeatable; 0-based). Default: all.")
     ] = None,
@@ -123,10 +127,10 @@ def attention(
     """
     needs_torch()
     from charlm.api.model import load
-    from charlm.cli.plot import check_png_target
+    from charlm.cli.plot import check_image_target
 
     if not json_out:
-        check_png_target(output)
+        check_image_target(output)
     model = load(checkpoint_path(checkpoint), "cpu")
     given, prompt = prompt is not None, DEFAULT_ATTENTION_PROMPT if prompt is None else prompt
     if unseen := model.tokenizer.unknown_chars(prompt):  # a map shows the model's own characters, nothing stands in
@@ -276,17 +280,17 @@ def plot(
         list[Path],
         typer.Argument(help="One or more run folders (each with metrics.jsonl), or one sweep folder (charlm sweep)."),
     ],
-    output: Annotated[Path, typer.Option("--output", "-o", help="PNG file to write.")] = Path("loss.png"),
+    output: Annotated[Path, typer.Option("--output", "-o", help=IMAGE_HELP)] = Path("loss.png"),
 ) -> None:
     r"""Plot train and val loss against step and wall time, with the learning rate (needs pip install -e ".\[plot]").
 
     Given a sweep folder, plots each trial's full-validation loss against each swept key instead.
     """
     # \[ above: rich markup would read [plot] as a style and drop it
-    from charlm.cli.plot import check_png_target, plot_runs, plot_sweep, sweep_results
+    from charlm.cli.plot import check_image_target, plot_runs, plot_sweep, sweep_results
     from charlm.progress import stderr_console
 
-    check_png_target(output)
+    check_image_target(output)
     sweeps = [(d, found) for d in run_dirs if (found := sweep_results(d)) is not None]
     if sweeps and len(run_dirs) > 1:
         raise UsageError(f"{sweeps[0][0]} is a sweep folder: plot it alone (charlm plot {sweeps[0][0]})")

@@ -37,20 +37,32 @@ def _number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def check_png_target(output: Path) -> None:
-    """Refuse, before any work, an --output that is a folder (the PNG is a file inside one)."""
+IMAGE_FORMATS = ("png", "pdf", "svg")  # what matplotlib writes without extra packages; the name's ending picks one
+IMAGE_HELP = f"Image to write: {', '.join('.' + f for f in IMAGE_FORMATS)} (the name's ending picks the format)."
+
+
+def check_image_target(output: Path) -> str:
+    """The format --output's name asks for; refused, before any work, when it is a folder or ends otherwise (a PNG
+    named plot.pdf would not open in a PDF viewer)."""
     if output.is_dir():
-        raise UsageError(f"--output {output} is a folder: give the PNG's file name, e.g. {output / 'plot.png'}")
+        raise UsageError(f"--output {output} is a folder: give the image's file name, e.g. {output / 'plot.png'}")
+    kind = output.suffix.lower().lstrip(".")
+    if kind not in IMAGE_FORMATS:
+        raise UsageError(
+            f"--output {output}: name the image with one of the endings {', '.join('.' + f for f in IMAGE_FORMATS)} "
+            "(the ending picks the format)"
+        )
+    return kind
 
 
-def write_png(fig, output: Path) -> None:
-    """The figure as a PNG at `output`, written whole beside it and renamed into place."""
-    check_png_target(output)
+def write_image(fig, output: Path) -> None:
+    """The figure at `output` in the format its name ends with, written whole beside it and renamed into place."""
+    kind = check_image_target(output)
     try:
         output.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise UsageError(f"cannot create {output.parent} for --output: {folder_problem(output.parent, e)}") from None
-    atomic_write(output, lambda f: fig.savefig(f, format="png", dpi=110))
+    atomic_write(output, lambda f: fig.savefig(f, format=kind, dpi=110))
 
 
 def _pyplot():
@@ -106,7 +118,7 @@ def plot_attention(
                 ax.set_xlabel(axes_named[1], fontsize=8)
     fig.colorbar(image, ax=axes, shrink=0.6, label="attention weight")
     fig.suptitle(title, fontsize=10)
-    write_png(fig, output)
+    write_image(fig, output)
     plt.close(fig)
     return output
 
@@ -138,7 +150,7 @@ def plot_runs(run_dirs: list[Path], output: Path) -> Path:
         ax.legend(fontsize="small", loc="lower left")
     axes[0].set_title("loss against step")
     axes[1].set_title("loss against wall time")
-    write_png(fig, output)
+    write_image(fig, output)
     plt.close(fig)
     return output
 
@@ -188,6 +200,6 @@ def plot_sweep(results: dict, output: Path) -> Path:
         ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize="small")
     fig.suptitle(f"sweep {results['sweep_dir']}: loss against each swept key", fontsize=10)
-    write_png(fig, output)
+    write_image(fig, output)
     plt.close(fig)
     return output

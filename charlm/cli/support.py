@@ -22,7 +22,7 @@ from charlm.errors import USAGE_EXIT, CharlmError, Interrupted, UsageError
 CHECKPOINT_HELP = "Checkpoint file, run folder (its best.pt) or export. Default: the newest runs/*/best.pt."
 REPLACE_HELP = (
     "Character used by --unknown replace. Default: the unknown symbol of a pairs model trained with "
-    "data.unknown_dropout, else a space."
+    "data.unknown_dropout, else a space, else the model's first character."
 )
 
 
@@ -59,11 +59,26 @@ def complete_device(incomplete: str) -> list[str]:
     return [d for d in DEVICES if d.startswith(incomplete)]
 
 
+def folder(value: str) -> Path:
+    """--out-dir's parser (its values show as <folder>): an empty value, most often an unset shell variable, would
+    otherwise become the current folder."""
+    if not value.strip():
+        raise typer.BadParameter("is empty: name a folder (an empty value is often an unset shell variable)")
+    return Path(value)
+
+
+def _config_given(value: Optional[str]) -> Optional[str]:
+    if value is not None and not value.strip():  # `config or the default` would quietly take the default
+        raise typer.BadParameter("is empty: name a config file or a shipped config (an unset shell variable?)")
+    return value
+
+
 ConfigOption = Annotated[
     Optional[str],
     typer.Option(
         "--config",
         "-c",
+        callback=_config_given,
         help=f"YAML config file, or a shipped config's name ({', '.join(shipped_config_names())}). Default: cpu.",
     ),
 ]

@@ -10,7 +10,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from charlm.cli.support import needs_torch, print_json, remover_if_created
+from charlm.cli.support import folder, needs_torch, print_json, remover_if_created
 from charlm.config.sources import CONFIG_DIRS
 from charlm.errors import Interrupted
 from charlm.training.sweep_folder import BEST_FILE, RESULTS_FILE, STUDY_FILE
@@ -18,9 +18,9 @@ from charlm.training.sweep_folder import BEST_FILE, RESULTS_FILE, STUDY_FILE
 
 def _shipped_specs() -> str:
     """The specs in configs/sweeps, for --help (without importing the training code, which brings torch)."""
-    for folder in CONFIG_DIRS:
-        if (folder / "sweeps").is_dir():
-            return ", ".join(sorted(p.stem for p in (folder / "sweeps").glob("*.yaml")))
+    for configs in CONFIG_DIRS:
+        if (configs / "sweeps").is_dir():
+            return ", ".join(sorted(p.stem for p in (configs / "sweeps").glob("*.yaml")))
     return "none found"
 
 
@@ -35,6 +35,7 @@ def sweep(
     out_dir: Annotated[
         Optional[Path],
         typer.Option(
+            parser=folder,
             help=f"Sweep folder: {STUDY_FILE}, a run folder per trial, {RESULTS_FILE}, {BEST_FILE}. Default: "
             "runs/<spec name>. "
             "The same command again goes on where a stopped or killed sweep left off.",

@@ -7,7 +7,6 @@ Every problem is collected and reported at once, each naming the dotted key the 
 from __future__ import annotations
 
 import dataclasses
-import difflib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +24,7 @@ from charlm.config.sources import (  # noqa: F401  (re-exported: the config API 
     parse_set,
     read_yaml_file,
     shipped_config_names,
+    suggestion,
 )
 from charlm.config.values import coerce, describe_type, field_types
 from charlm.errors import UsageError
@@ -293,6 +293,7 @@ class Config:
 
 
 SECTIONS: dict[str, type] = {"data": DataConfig, "model": ModelConfig, "train": TrainConfig, "sample": SampleConfig}
+SECTION_KEYS = {name: [f.name for f in dataclasses.fields(kind)] for name, kind in SECTIONS.items()}
 
 
 # ---------------------------------------------------------------------------- building and validating
@@ -323,10 +324,10 @@ def raise_all(errors: list[str]) -> None:
 def _apply(values: dict[str, dict[str, Any]], s: Setting) -> str | None:
     section, _, key = s.key.partition(".")
     if section not in SECTIONS:
-        return f"unknown section '{section}' in '{s.key}' ({s.source}){_suggest(section, list(SECTIONS))}"
+        return f"unknown section '{section}' in '{s.key}' ({s.source}){suggestion(section, list(SECTIONS))}"
     fields = {f.name: f for f in dataclasses.fields(SECTIONS[section])}
     if key not in fields:
-        return f"unknown key '{s.key}' ({s.source}){_suggest(key, list(fields), prefix=section + '.')}"
+        return f"unknown key '{s.key}' ({s.source}){suggestion(key, list(fields), prefix=section + '.')}"
     hint = field_types(SECTIONS[section])[key]
     ok, value = coerce(s.value, hint)
     if not ok:
@@ -349,18 +350,13 @@ def setting_problem(s: Setting, values: dict[str, dict[str, Any]] | None = None)
     return f"{s.key}: {found}, got {s.value!r} ({s.source})" if found else None
 
 
-def _suggest(word: str, options: list[str], prefix: str = "") -> str:
-    close = difflib.get_close_matches(word, options, n=1, cutoff=0.6)
-    return f"; did you mean '{prefix}{close[0]}'?" if close else f"; valid: {', '.join(prefix + o for o in options)}"
-
-
 def load_config(path: str | Path | None, sets: Sequence[str] = (), options: Options | None = None) -> Config:
     """The whole precedence chain: defaults < file < --set items < first-class options."""
     settings: list[Setting] = []
     errors: list[str] = []
     if path is not None:
         config_path = find_config(str(path))
-        found, errors = file_settings(read_yaml_file(config_path), str(config_path))
+        found, errors = file_settings(read_yaml_file(config_path), str(config_path), SECTION_KEYS)
         settings += found
     from_file = len(settings)
     settings += [parse_set(item) for item in sets]
@@ -396,5 +392,5 @@ def explicit_settings(sets: list[str], options: Options) -> dict[str, Any]:
 
 def config_from_dict(raw: dict[str, Any], source: str) -> Config:
     """Rebuild a Config saved in a checkpoint (keys added since then take their defaults); all problems at once."""
-    settings, errors = file_settings(raw, source)
+    settings, errors = file_settings(raw, source, SECTION_KEYS)
     return _build_reporting_all(settings, errors)

@@ -1,10 +1,13 @@
 """Config files and overrides: finding a shipped config by name, reading YAML safely, parsing `--set key=value`.
 
-Nothing here knows the keys: charlm/config/schema.py applies and validates what these functions read.
+Nothing here knows the keys (file_settings is handed the sections' names): charlm/config/schema.py applies and
+validates what these functions read.
 """
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -134,9 +137,30 @@ def _yaml_float(value: Any) -> Any:
     return value
 
 
-def file_settings(raw: dict[str, Any], source: str) -> tuple[list[Setting], list[str]]:
+def suggestion(word: str, options: list[str], prefix: str = "") -> str:
+    """A message's ending: the closest option, or the list of them."""
+    close = difflib.get_close_matches(word, options, n=1, cutoff=0.6)
+    return f"; did you mean '{prefix}{close[0]}'?" if close else f"; valid: {', '.join(prefix + o for o in options)}"
+
+
+def file_settings(
+    raw: dict[str, Any], source: str, sections: Mapping[str, list[str]]
+) -> tuple[list[Setting], list[str]]:
+    """A config file's settings; `sections` maps each section to its keys. Each top-level key is checked to be a
+    section first: an unknown one is named even when it holds nothing, and a key written at the top (`n_layer: 2`,
+    or dotted as `--set` writes it: `model.n_layer: 2`) is told how a file nests it."""
     settings, errors = [], []
     for section, body in raw.items():
+        head, dot, tail = str(section).partition(".")
+        owner = head if dot and head in sections else next((s for s, keys in sections.items() if section in keys), "")
+        if section not in sections:
+            nest = f"write '{owner}:' and on the next line '  {tail or section}: ...'"
+            errors.append(
+                f"unknown section '{section}' ({source}): a config file nests each key under its section: {nest}"
+                if owner
+                else f"unknown section '{section}' ({source}){suggestion(str(section), list(sections))}"
+            )
+            continue
         if not isinstance(body, dict):
             errors.append(f"{section}: expected a mapping of keys under '{section}:' ({source})")
             continue

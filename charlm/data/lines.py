@@ -109,6 +109,11 @@ def encode_items(
         )
     if unknown == "skip":
         return [tokenizer.encode(item) for item in items if set(item) <= known]
+    if unknown == "replace" and replacement in SPECIAL_CHARS:  # an item's end symbol in its middle, or padding
+        raise UsageError(
+            f"the replacement character U+{ord(replacement):04X} is one of the padding, start and end symbols "
+            "(U+0000, U+0002, U+0003); choose a character of the model's vocabulary"
+        )
     if unknown == "replace" and replacement is None:
         replacement = " " if " " in known else tokenizer.chars[len(SPECIAL_CHARS)]  # a real character, never PAD
     return [tokenizer.encode(item, unknown, replacement) for item in items]

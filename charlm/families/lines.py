@@ -233,6 +233,9 @@ def score_lines(
                 f"line {number} of {where} holds character(s) the model has never seen: {shown}; use --unknown "
                 "skip to leave such lines out"
             )
+    if not strings and numbered:
+        raise UsageError(f"every line of {where} holds a character the model has never seen, and --unknown skip left "
+                         f"all {len(numbered)} out; use --unknown replace to score them")  # fmt: skip
     if not strings:
         raise UsageError(f"{where} holds no line to score (one item per line; empty lines are skipped)")
     items = encode_items(strings, loaded.tokenizer, unknown, replace_with)

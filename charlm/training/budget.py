@@ -270,7 +270,7 @@ def plan_budget(text: str, config_file: str | None, sets: list[str], options: cf
     default = cfg.find_config(cfg.DEFAULT_CONFIG).resolve()
     if config_file is not None and cfg.find_config(config_file).resolve() != default:
         raw = cfg.read_yaml_file(cfg.find_config(config_file))
-        settings, _ = cfg.file_settings(raw, config_file)
+        settings, _ = cfg.file_settings(raw, config_file, cfg.SECTION_KEYS)
         for s in settings:
             if s.key not in ("train.max_seconds", "train.max_steps"):
                 user_keys.setdefault(s.key, s.source)

@@ -167,17 +167,26 @@ def _check_folder(out_dir: Path) -> None:
 
 
 def _check_data(spec: SweepSpec, say: Callable[[str], None]) -> None:
-    """The corpus every trial shares, fetched or refused before the first trial."""
-    if any(p.key == "data.path" for p in spec.params):
-        return
-    path = spec.trial_config({}).data.path
-    ensure_builtin_corpus(path, say)
-    source_files(Path(path))
+    """The corpus every trial shares, or each one a swept data.path chooses, fetched or refused before the first
+    trial (a missing one would fail every trial that drew it, and the folder would then hold the spec's study)."""
+    swept = next((p for p in spec.params if p.key == "data.path"), None)
+    for path in swept.choices or () if swept else (spec.trial_config({}).data.path,):
+        ensure_builtin_corpus(str(path), say)
+        source_files(Path(path))
 
 
 def _open_study(optuna: Any, spec: SweepSpec, out_dir: Path) -> Any:
+    from sqlalchemy.exc import SQLAlchemyError  # optuna's storage layer
+
     storage = f"sqlite:///{(out_dir / STUDY_FILE).resolve()}"
-    study = optuna.create_study(storage=storage, study_name=STUDY_NAME, direction="minimize", load_if_exists=True)
+    try:
+        study = optuna.create_study(storage=storage, study_name=STUDY_NAME, direction="minimize", load_if_exists=True)
+    except SQLAlchemyError as e:
+        cause = str(getattr(e, "orig", None) or e).splitlines()[0]
+        raise UsageError(
+            f"{out_dir / STUDY_FILE} is damaged or not an Optuna study ({cause}); move it away to start the sweep "
+            "afresh, or give another --out-dir"
+        ) from e
     saved = study.user_attrs.get("spec")
     if saved is not None and saved != spec.identity():
         differs = next(k for k in spec.identity() if saved.get(k) != spec.identity()[k])
