@@ -91,6 +91,9 @@ def test_plot_writes_a_real_png(tmp_path, corpus):
 
 def test_plot_of_a_folder_without_metrics_is_one_line(tmp_path):
     assert_one_line_error(run_cli("plot", tmp_path), 2, "metrics.jsonl")
+    assert_one_line_error(run_cli("plot", tmp_path / "nowhere"), 2, "nowhere not found", "run folder")
+    (tmp_path / "notes.txt").write_text("mine")
+    assert_one_line_error(run_cli("plot", tmp_path / "notes.txt"), 2, "notes.txt is a file, not a run folder")
 
 
 def test_plot_of_damaged_metrics_or_into_a_folder_is_one_line(tmp_path):

@@ -15,6 +15,9 @@ PLOTTED = ("step", "elapsed_s", "train_loss", "val_loss", "lr")  # what each eva
 
 def read_metrics(run_dir: Path) -> list[dict]:
     path = run_dir / "metrics.jsonl"
+    if not run_dir.is_dir():
+        what = "is a file, not a run folder" if run_dir.exists() else "not found"
+        raise UsageError(f"{run_dir} {what}: give a run folder written by `charlm train` (or a sweep folder)")
     if not path.is_file():
         raise UsageError(f"no metrics in {run_dir}: {path} is missing (give a run folder written by `charlm train`)")
     records = []
