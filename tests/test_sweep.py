@@ -223,6 +223,15 @@ def test_a_folder_that_is_no_sweep_is_not_swept_into(tmp_path, corpus):
     assert_one_line_error(refused, 2, "cannot write to --out-dir", "notes.txt is a file, not a folder")
 
 
+def test_a_finished_sweep_asked_for_fewer_trials_shows_all_it_has(tmp_path, corpus):
+    spec = write_spec(tmp_path, corpus, {"model.n_head": {"choices": [1, 2]}}, trials=2, budget={"steps": 2})
+    out = tmp_path / "sweep"
+    run_cli("sweep", spec, "--out-dir", out, "--quiet", check=True)
+    spec.write_text(spec.read_text().replace("trials: 2", "trials: 1"))
+    shown = " ".join(run_cli("sweep", spec, "--out-dir", out, "--quiet", check=True).stdout.split())
+    assert "2 trials (the spec now asks for 1: none run, none dropped)" in shown, shown
+
+
 @pytest.mark.parametrize("damage", ["truncated", "not a database"])
 def test_a_damaged_study_is_named_in_one_line(tmp_path, corpus, damage):
     spec = write_spec(tmp_path, corpus, {"model.n_head": {"choices": [1, 2]}}, trials=1, budget={"steps": 2})

@@ -94,7 +94,7 @@ def print_sweep(results: dict[str, Any]) -> None:
 
     keys = [p["key"] for p in results["swept"]]
     table = Table(
-        title=f"sweep {results['sweep_dir']}: {results['trials_counted']} of {results['trials_wanted']} trials"
+        title=f"sweep {results['sweep_dir']}: {_counted(results['trials_counted'], results['trials_wanted'])}"
     )
     for name in ("rank", "trial", "state", "full-val", "val", "steps", "wall s", *keys):
         table.add_column(name, justify="left" if name in ("trial", "state") else "right")
@@ -129,3 +129,10 @@ def _figure(value: float | None) -> str:
 
 def _value(value: Any) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def _counted(counted: int, wanted: int) -> str:
+    """How many trials ran, against the spec's trials: more, where the spec asks for fewer than an earlier one did."""
+    if counted > wanted:
+        return f"{counted} trials (the spec now asks for {wanted}: none run, none dropped)"
+    return f"{counted} of {wanted} trials"
