@@ -6,6 +6,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -232,14 +233,14 @@ def test_a_finished_sweep_asked_for_fewer_trials_shows_all_it_has(tmp_path, corp
     assert "2 trials (the spec now asks for 1: none run, none dropped)" in shown, shown
 
 
-@pytest.mark.parametrize("damage", ["truncated", "not a database"])
-def test_a_damaged_study_is_named_in_one_line(tmp_path, corpus, damage):
+def test_a_damaged_study_is_named_in_one_line(tmp_path, corpus):
     spec = write_spec(tmp_path, corpus, {"model.n_head": {"choices": [1, 2]}}, trials=1, budget={"steps": 2})
-    out = tmp_path / "sweep"
-    run_cli("sweep", spec, "--out-dir", out, "--quiet", check=True)
-    study = out / "study.db"
-    study.write_bytes(study.read_bytes()[:1000] if damage == "truncated" else b"garbage " * 200)
-    assert_one_line_error(run_cli("sweep", spec, "--out-dir", out), 2, f"{study} is damaged", "--out-dir")
+    run_cli("sweep", spec, "--out-dir", tmp_path / "sweep", "--quiet", check=True)
+    for damage in ("truncated", "not a database"):
+        out = shutil.copytree(tmp_path / "sweep", tmp_path / damage)
+        study = out / "study.db"
+        study.write_bytes(study.read_bytes()[:1000] if damage == "truncated" else b"garbage " * 200)
+        assert_one_line_error(run_cli("sweep", spec, "--out-dir", out), 2, f"{study} is damaged", "--out-dir")
 
 
 def test_a_swept_data_path_that_is_missing_is_refused_before_any_trial(tmp_path, corpus):
