@@ -148,3 +148,35 @@ def test_bad_urls_are_usage_errors(tmp_path):
     assert_one_line_error(run_cli("download", "--url", "ftp://example.com/x"), 2, "ftp://")
     assert_one_line_error(run_cli("download", "--url", (tmp_path / "missing.txt").as_uri()), 2, "missing.txt")
     assert_one_line_error(run_cli("download", "--url", tmp_path.as_uri()), 2, "is a folder", "corpus file in it")
+
+
+def test_absurd_timeouts_are_refused_as_the_flag_is_read(server, tmp_path):
+    from charlm.data.download import download
+    from charlm.errors import UsageError
+
+    dest = tmp_path / "t.txt"
+    for value in ("inf", "1e300", "nan", "-inf", "0", "3601"):  # inf and 1e300 overflowed the socket's time_t
+        result = run_cli("download", "--url", server.url("good"), "--dest", dest, "--no-verify", "--timeout", value)
+        assert_one_line_error(result, 2, "--timeout", "from 0.1 to 3600")
+    assert server.requests == {} and not dest.exists()
+    with pytest.raises(UsageError, match="--timeout nan is not a number"):
+        download(server.url("good"), dest, None, timeout=float("nan"))
+    ok = run_cli("download", "--url", server.url("good"), "--dest", dest, *VERIFY, "--timeout", "3600")
+    assert ok.returncode == 0 and sha256(dest) == EXCERPT_SHA256
+
+
+def test_malformed_urls_are_refused_before_any_request(tmp_path):
+    dest = tmp_path / "t.txt"
+    for url in ("http://[::1", "http://127.0.0.1:abc/x", "http://127.0.0.1:99999/x", "http://", "http://a b/x"):
+        result = run_cli("download", "--url", url, "--dest", dest, "--retries", "0")
+        assert_one_line_error(result, 2, "malformed URL", url)
+    assert not dest.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_a_dest_below_a_file_names_the_file_and_keeps_it(corpus, tmp_path):
+    notes = tmp_path / "notes.txt"
+    notes.write_text("mine")
+    for dest in (notes / "t.txt", notes / "a" / "b" / "t.txt"):
+        result = run_cli("download", "--url", corpus.as_uri(), "--dest", dest, *VERIFY)
+        assert_one_line_error(result, 2, f"{notes} is a file, not a folder", "another --dest")
+    assert notes.read_text() == "mine" and sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]

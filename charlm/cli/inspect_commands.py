@@ -255,6 +255,13 @@ def export_(
 
     if len(paths) > 2:
         raise UsageError(f"charlm export takes [CKPT] DIR, got {len(paths)} paths")
+    from charlm.storage.loading import model_kind
+
+    if len(paths) == 1 and (kind := model_kind(paths[0])):  # DIR forgotten: it would take the newest run instead
+        raise UsageError(
+            f"DIR is missing: {paths[0]} is {kind}, the model to export; add the folder to write "
+            f"(charlm export {paths[0]} DIR)"
+        )
     source = checkpoint_path(paths[0] if len(paths) == 2 else None)
     console = stderr_console()
     if format_ is ExportFormat.safetensors and not web:

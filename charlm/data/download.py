@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import http.client
+import math
 import os
 import shutil
 import socket
@@ -24,7 +25,7 @@ from typing import Any
 
 from charlm.data.cmudict import cmudict_to_tsv, cmudict_with_stress
 from charlm.errors import UsageError, WorkError
-from charlm.files import atomic_write, remove_stale_temps
+from charlm.files import atomic_write, folder_problem, remove_stale_temps
 
 TINY_SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 TINY_SHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
@@ -32,6 +33,10 @@ DEFAULT_DEST = Path("data/tinyshakespeare.txt")
 URL_ENV = "CHARLM_DATA_URL"
 OFFLINE_HINT = f"for offline use pass --url file:///path/to/input.txt or set {URL_ENV}"
 CHUNK = 1 << 16
+# --timeout bounds each wait on the socket (connecting, then every read), not the whole download: a server silent for
+# an hour is gone, and far larger values (1e300, inf) overflow the socket's time_t
+MIN_TIMEOUT, MAX_TIMEOUT = 0.1, 3600.0
+URL_FORMS = "write it as http://host/path, https://host/path or file:///path"
 
 
 class TransientError(Exception):
@@ -74,6 +79,8 @@ def download(
 ) -> DownloadResult:
     """Fetch `url` to `dest`; sha256=None skips verification. A failure leaves neither a file nor a temp file."""
     _check_url(url)
+    if problem := timeout_problem(timeout):
+        raise UsageError(f"--timeout {problem}")
     if sha256 is not None and (len(sha256) != 64 or any(c not in "0123456789abcdef" for c in sha256.lower())):
         raise UsageError(f"--sha256 must be 64 hexadecimal digits, got {sha256!r}")
     sha256 = sha256.lower() if sha256 else None
@@ -88,8 +95,10 @@ def download(
         raise UsageError(f"{dest} exists but its SHA-256 is {actual}, not {sha256}; use --force to replace it")
     try:
         dest.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise WorkError(f"cannot create folder {dest.parent}: {e.strerror}") from e
+    except OSError as e:  # a file in the way, or a folder not ours to write: the --dest given cannot be used
+        raise UsageError(
+            f"cannot create folder {dest.parent} for {dest}: {folder_problem(dest.parent, e)}; choose another --dest"
+        ) from None
     remove_stale_temps(dest)  # left by an earlier run that was killed mid-download
     attempt = 0
     while True:
@@ -105,12 +114,29 @@ def download(
         attempt += 1
 
 
+def timeout_problem(timeout: float) -> str | None:
+    """What is wrong with a --timeout, in words (None: nothing); `charlm download` asks it as it parses the flag."""
+    if not MIN_TIMEOUT <= timeout <= MAX_TIMEOUT:  # NaN fails every comparison, so it lands here too
+        what = "is not a number" if math.isnan(timeout) else "is out of range"
+        return f"{timeout:g} {what}: give the seconds to wait for the server, from {MIN_TIMEOUT:g} to {MAX_TIMEOUT:g}"
+    return None
+
+
 def _check_url(url: str) -> None:
-    scheme = urllib.parse.urlparse(url).scheme
+    try:
+        parsed = urllib.parse.urlparse(url)
+        host, _ = parsed.hostname, parsed.port  # .port raises for a port that is not a number from 0 to 65535
+    except ValueError as e:  # an unclosed [ of an IPv6 address, a port such as :abc
+        raise UsageError(f"malformed URL {url!r} ({e}): {URL_FORMS}") from None
+    scheme = parsed.scheme
     if scheme not in ("http", "https", "file"):
         raise UsageError(f"unsupported URL {url!r}: use http://, https:// or file://")
+    if scheme != "file" and not host:
+        raise UsageError(f"malformed URL {url!r} (no host): {URL_FORMS}")
+    if scheme != "file" and any(c <= " " or c == "\x7f" for c in url):  # http.client refuses them in a request
+        raise UsageError(f"malformed URL {url!r} (a space or control character): percent-encode it (%20)")
     if scheme == "file":
-        path = Path(urllib.request.url2pathname(urllib.parse.urlparse(url).path))
+        path = Path(urllib.request.url2pathname(parsed.path))
         if path.is_dir():
             raise UsageError(f"--url {url} is a folder: give the URL of the corpus file in it")
         if not path.is_file():

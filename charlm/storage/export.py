@@ -33,8 +33,24 @@ def _safetensors() -> Any:
 
 
 def is_export(path: Path) -> bool:
-    """A folder written by `charlm export` (judged by its weights file; read_export checks the rest)."""
-    return path.is_dir() and (path / WEIGHTS).is_file()
+    """A folder written by `charlm export`, judged by its weights file or its config.json's format (either one: an
+    export missing the other is still one, and read_export names what it lacks)."""
+    return path.is_dir() and ((path / WEIGHTS).is_file() or export_format(path) == EXPORT_FORMAT)
+
+
+def export_format(folder: Path) -> str | None:
+    """The format its config.json names (charlm-export-1, charlm-onnx-1), or None where there is none to read."""
+    try:
+        raw = json.loads((folder / CONFIG).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return str(raw.get("format", "")) if isinstance(raw, dict) else None
+
+
+def lacks(what: str, folder: Path, names: list[str], again: str = "charlm export CKPT DIR") -> UsageError:
+    """An export with files deleted: which, and how to make it whole (a new export: none of them can be rebuilt from
+    the rest)."""
+    return UsageError(f"{what} {folder} lacks {', '.join(names)}: export it again ({again})")
 
 
 def check_target(out_dir: str | Path, overwrite: bool) -> None:
@@ -72,11 +88,7 @@ EXPORT_NAMES = {WEIGHTS, CONFIG, VOCAB, CARD, *PAGE_FILES, BUNDLED.rstrip("/")}
 
 def _written_by_export(folder: Path) -> bool:
     """An export's folder, safetensors or ONNX: its config.json names a charlm export format."""
-    try:
-        raw = json.loads((folder / CONFIG).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
-    return isinstance(raw, dict) and str(raw.get("format", "")).startswith("charlm-")
+    return (export_format(folder) or "").startswith("charlm-")
 
 
 def export_folder(out_dir: Path) -> Path:
@@ -131,6 +143,8 @@ def write_export(ckpt: Checkpoint, out_dir: Path, card: str) -> list[Path]:
 
 def read_export(folder: Path) -> Checkpoint:
     """An export as a Checkpoint (weights, config, vocabulary); JSON and safetensors only, nothing unpickled."""
+    if missing := [name for name in (WEIGHTS, CONFIG, VOCAB) if not (folder / name).is_file()]:
+        raise lacks("export", folder, missing)
     st = _safetensors()
     try:
         raw = json.loads((folder / CONFIG).read_text(encoding="utf-8"))

@@ -26,11 +26,12 @@ from charlm.families.base import Family, Loaded
 from charlm.models.decoder import decoder_reach, relative_positions
 from charlm.models.onnx_graphs import Graph
 from charlm.storage.checkpoint import Checkpoint
-from charlm.storage.export import CONFIG, VOCAB, check_target, data_name, export_folder, move_into_place
+from charlm.storage.export import CONFIG, VOCAB, check_target, data_name, export_folder, lacks, move_into_place
 from charlm.storage.onnx_runtime import ONNX_HINT, OnnxRuntime
 from charlm.version import __version__
 
 ONNX_FORMAT = "charlm-onnx-1"
+EXPORT_AGAIN = "charlm export CKPT DIR --format onnx"
 OPSET = 18  # LayerNormalization is in the standard set from 17; 18 is the dynamo exporter's own, onnxruntime-web's too
 TOLERANCE = 1e-4  # the largest logit difference from the torch model that an export may have (float32)
 
@@ -177,6 +178,8 @@ def _write_files(folder: Path, ckpt: Checkpoint, graphs: list[Graph], check: Run
 
 def read_onnx_export(folder: Path, threads: int = 0) -> OnnxExport:
     """An ONNX export's config, vocabulary and graphs (every problem one UsageError line)."""
+    if missing := [name for name in (CONFIG, VOCAB) if not (folder / name).is_file()]:
+        raise lacks("ONNX export", folder, missing, EXPORT_AGAIN)
     try:
         raw = json.loads((folder / CONFIG).read_text(encoding="utf-8"))
         kind = raw.get("data", {}).get("tokenizer", "char")
@@ -184,9 +187,8 @@ def read_onnx_export(folder: Path, threads: int = 0) -> OnnxExport:
         graphs = {name: folder / g["file"] for name, g in raw["onnx"]["graphs"].items()}
     except (OSError, ValueError, AttributeError, KeyError, TypeError) as e:
         raise UsageError(f"ONNX export {folder} is damaged: {CONFIG} or {VOCAB} cannot be read ({e})") from None
-    missing = [p.name for p in graphs.values() if not p.is_file()]
-    if missing:
-        raise UsageError(f"ONNX export {folder} lacks {', '.join(missing)}: export it again (charlm export CKPT DIR)")
+    if missing := [p.name for p in graphs.values() if not p.is_file()]:
+        raise lacks("ONNX export", folder, missing, EXPORT_AGAIN)
     sections = {k: v for k, v in raw.items() if k in ("data", "model", "train", "sample")}
     try:
         config = config_from_dict(sections, str(folder / CONFIG))
