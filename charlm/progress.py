@@ -16,9 +16,10 @@ from tqdm import tqdm
 
 
 def _console(stream) -> Console:
-    # No ANSI codes at all (not even bold) when the stream is not a terminal or NO_COLOR is set.
+    # No ANSI codes at all (not even bold) when the stream is not a terminal or NO_COLOR is set. No emoji codes
+    # either: rich would print a value such as ":x:" in a message, a path or a model's text as an emoji.
     plain = not stream.isatty() or "NO_COLOR" in os.environ
-    return Console(file=stream, color_system=None if plain else "auto", highlight=False, soft_wrap=True)
+    return Console(file=stream, color_system=None if plain else "auto", highlight=False, soft_wrap=True, emoji=False)
 
 
 def stderr_console() -> Console:

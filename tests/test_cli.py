@@ -61,6 +61,12 @@ def test_bad_set_names_the_key(tmp_path, corpus):
     assert not (tmp_path / "r").exists()
 
 
+def test_a_value_is_printed_as_given_never_as_an_emoji(tmp_path, corpus):
+    """rich reads ':x:' as an emoji code: a message quoting the user's value must show the value."""
+    result = run_cli("train", "--data", corpus, "--out-dir", tmp_path / "r", "--set", "train.lr=:x:")
+    assert_one_line_error(result, 2, "got ':x:' (--set train.lr=:x:)")
+
+
 def test_several_config_errors_are_listed_together(tmp_path, corpus):
     result = run_cli("train", "--data", corpus, "--set", "model.n_layers=2", "--set", "train.lr=0")
     assert result.returncode == 2
