@@ -115,6 +115,7 @@ def test_unknown_prompt_characters_follow_the_policy(tiny_checkpoint):
         (["--temperature", "-1"], "--temperature"),
         (["--temperature", "nan"], "--temperature"),
         (["--temperature", "inf"], "--temperature must be finite"),
+        (["--temperature", "1e39"], "--temperature must be at most 10000"),  # past float32's range: uniform text
         (["--seed", "99999999999999999999"], "--seed must be between"),
         (["--top-p", "-0.1"], "--top-p"),
         (["--top-p", "1.5"], "--top-p"),

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import charlm
+from charlm.decoding.options import DecodeOptions, OptionError
 from charlm.decoding.sampling import draw, filter_top_k, filter_top_p, sample_next, sample_rows
 
 LOGITS = torch.tensor([[1.0, 3.0, 2.0, 0.5], [0.0, -1.0, 4.0, 4.5]])
@@ -147,6 +148,20 @@ def test_rows_sharing_a_generator_draw_as_one_batch_does():
         ids = sample_rows(logits, [shared, gen(9), shared], [1.0] * 3, [None] * 3, [1.0] * 3)
         want = sample_next(logits[[0, 2]], reference, 1.0)
         assert [ids[0], ids[2]] == want.tolist()
+
+
+def test_temperatures_past_the_bound_are_refused_and_those_within_keep_top_k_and_top_p():
+    """Past float32's largest number the scaled logits are 0 (NaN where -inf), and top-k and top-p keep nothing apart:
+    the one check of the options refuses a temperature long before, for every way of decoding."""
+    with pytest.raises(OptionError, match="--temperature must be at most 10000"):
+        DecodeOptions(temperature=1e39).checked()
+    assert DecodeOptions(temperature=1e4).checked().temperature == 1e4
+    masked = LOGITS.clone()
+    masked[:, 0] = float("-inf")  # a symbol never drawn, as a lines model's padding
+    for seed in range(20):
+        assert sample_next(masked, gen(seed), temperature=1e4, top_k=1).tolist() == [1, 3]
+        assert sample_next(masked, gen(seed), temperature=1e4, top_p=0.0).tolist() == [1, 3]
+        assert sample_rows(masked, [gen(seed)] * 2, [1e4, 1e4], [1, None], [1.0, 0.0]) == [1, 3]
 
 
 def test_a_vanishing_temperature_is_greedy_not_an_overflow():

@@ -8,6 +8,7 @@ import json
 import math
 import socket
 import threading
+from pathlib import Path
 
 import pytest
 from conftest import assert_one_line_error, run_cli, skip_without
@@ -173,9 +174,20 @@ GOOD = {"model": "charlm", "prompt": "JULIET:", "max_tokens": 5}
         ({**GOOD, "stream": "yes"}, 400, "stream must be true or false"),
         ({**GOOD, "seed": 1.5}, 400, "seed must be a whole number"),
         ({**GOOD, "seed": 2**64}, 400, "seed must be between -2**63 and 2**63 - 1"),
+        ({**GOOD, "seed": 2**63 - 1, "n": 2}, 400, "seed + n - 1 must be at most 2**63 - 1"),  # choice 1: seed + 1
+        ({**GOOD, "temperature": 1e39}, 400, "temperature must be at most 10000"),  # past float32: uniform text
         ({**GOOD, "temperature": float("nan")}, 400, "temperature must be a finite number"),
         ({**GOOD, "logprobs": 9}, 400, "logprobs must be between"),
         ({**GOOD, "echo": True}, 400, "echo is not supported"),
+        ({**GOOD, "echo": 0}, 400, "echo must be a JSON boolean"),  # Python's 0 == False: the type is checked too
+        ({**GOOD, "best_of": True}, 400, "best_of must be a JSON integer"),  # True == 1
+        ({**GOOD, "frequency_penalty": False}, 400, "frequency_penalty must be a JSON number"),  # False == 0
+        ({**GOOD, "logit_bias": []}, 400, "logit_bias must be a JSON object"),
+        ({**GOOD, "user": 5}, 400, "user must be a string"),
+        ({**GOOD, "stream_options": []}, 400, "stream_options must be"),
+        ({**GOOD, "stream_options": 0}, 400, "stream_options must be"),
+        ({**GOOD, "stream_options": False}, 400, "stream_options must be"),
+        ({**GOOD, "stream_options": {"foo": 1}}, 400, "stream_options must be"),
         ({**GOOD, "frobnicate": 1}, 400, "unknown field 'frobnicate'"),
         ({**GOOD, "model": ""}, 400, "model must be the name GET /v1/models lists"),
         ({**GOOD, "model": 7}, 400, "model must be the name"),
@@ -193,6 +205,23 @@ def test_bad_completion_request_is_refused_and_the_next_one_served(server, body,
     assert ok == 200 and len(good["choices"][0]["text"]) == 5
 
 
+def test_openais_fields_at_their_neutral_values_are_served(server):
+    """Fields charlm does not implement pass at the value that changes nothing, spelled with the type OpenAI gives."""
+    neutral = {"echo": False, "best_of": 1, "frequency_penalty": 0.0, "presence_penalty": 0, "logit_bias": {}}
+    extra = {"suffix": None, "user": "someone", "stream_options": {}, "seed": 2**63 - 2, "n": 2}
+    status, reply = server.request("POST", "/v1/completions", {**GOOD, **neutral, **extra})
+    assert status == 200 and len(reply["choices"]) == 2, reply
+
+
+def test_a_temperature_at_the_limit_still_obeys_top_k_and_top_p(server):
+    greedy = server.request("POST", "/v1/completions", {**GOOD, "max_tokens": 30, "temperature": 0})[1]
+    for narrow in ({"top_k": 1}, {"top_p": 0}):
+        status, hot = server.request(
+            "POST", "/v1/completions", {**GOOD, "max_tokens": 30, "temperature": 1e4, **narrow}
+        )
+        assert status == 200 and hot["choices"][0]["text"] == greedy["choices"][0]["text"], narrow
+
+
 def test_a_prompt_refused_says_why_in_its_code(server):
     """The error's code tells a client's code what to fix: a character the model never saw, or an empty prompt."""
     for prompt, code in (("", "invalid_prompt"), ("日本", "unknown_character")):
@@ -208,6 +237,13 @@ def test_a_prompt_refused_says_why_in_its_code(server):
         ("POST", "/v1/score", {"txt": "abc"}, 400, "unknown field 'txt'"),
         ("POST", "/v1/attention", {"prompt": "x" * 60}, 400, "context"),
         ("POST", "/v1/attention", {"prompt": 5}, 400, "prompt must be a non-empty string"),
+        # `model` as /v1/completions takes it: a wrong type or an empty name is a 400, a name not served a 404
+        ("POST", "/v1/score", {"text": "abc", "model": 5}, 400, "model must be the name"),
+        ("POST", "/v1/score", {"text": "abc", "model": ""}, 400, "model must be the name"),
+        ("POST", "/v1/attention", {"prompt": "abc", "model": 5}, 400, "model must be the name"),
+        ("POST", "/v1/attention", {"prompt": "abc", "model": ""}, 400, "model must be the name"),
+        ("POST", "/v1/score", {"text": "abc", "model": "gpt-4"}, 404, "'gpt-4' is not served here"),
+        ("POST", "/v1/attention", {"prompt": "abc", "model": "gpt-4"}, 404, "'gpt-4' is not served here"),
         ("GET", "/v1/nothing", None, 404, "the endpoints are"),
         ("GET", "/v1/completions", None, 405, "Method Not Allowed"),
     ],
@@ -236,7 +272,8 @@ def open_stream(server: ServerProcess, max_tokens: int, headers: dict | None = N
 
 @pytest.fixture(scope="module")
 def small_server(tiny_checkpoint):
-    """One row, one queued completion, a key, and every address: the limits and the key under test."""
+    """One row, one queued completion, a key, every address, and unknown characters read as 'e': the limits, the key
+    and the replacement under test."""
     process = ServerProcess(
         tiny_checkpoint,
         "--max-batch",
@@ -247,6 +284,10 @@ def small_server(tiny_checkpoint):
         "1",
         "--host",
         "0.0.0.0",
+        "--unknown",
+        "replace",
+        "--replace-with",
+        "e",
         env={"CHARLM_API_KEY": "sesame"},
     )
     process.host = "127.0.0.1"
@@ -299,6 +340,13 @@ def test_full_queue_is_429_and_a_vanished_client_frees_its_row(small_server):
     assert len(client.completions.create(model="charlm", prompt="a", max_tokens=30).choices[0].text) == 30
 
 
+def test_attention_reads_unknown_characters_as_the_servers_replacement(small_server):
+    status, replaced = small_server.request("POST", "/v1/attention", {"prompt": "ROMEO日 b"}, KEY)
+    assert status == 200 and replaced["chars"] == list("ROMEOe b")
+    written = small_server.request("POST", "/v1/attention", {"prompt": "ROMEOe b"}, KEY)[1]
+    assert replaced["weights"] == written["weights"]  # the weights of what the labels say, not of a space there
+
+
 def test_concurrent_streams_all_complete_after_one_is_killed(server):
     killed = open_stream(server, 500)
     killed.close()
@@ -324,6 +372,29 @@ def test_a_taken_port_is_one_line(tiny_checkpoint):
         port = taken.getsockname()[1]
         result = run_cli("serve", tiny_checkpoint, "--port", str(port))
     assert_one_line_error(result, 2, f"cannot listen on 127.0.0.1:{port}", "--port")
+
+
+def test_an_address_this_machine_lacks_names_host(tiny_checkpoint):
+    nonlocal_bind = Path("/proc/sys/net/ipv4/ip_nonlocal_bind")
+    if nonlocal_bind.is_file() and nonlocal_bind.read_text().strip() == "1":
+        pytest.skip("this machine binds any address (net.ipv4.ip_nonlocal_bind=1)")
+    result = run_cli("serve", tiny_checkpoint, "--port", "0", "--host", "192.0.2.1")  # TEST-NET-1: nobody's
+    assert_one_line_error(result, 2, "cannot listen on 192.0.2.1:0", "--host must be an address this machine has")
+    assert "--port" not in result.stderr  # no port would help
+
+
+@pytest.mark.parametrize(
+    ("flags", "needles"),
+    [
+        (["--max-queue", "0"], ["--max-queue (0) cannot be below --max-n (16)"]),  # every completion would be a 429
+        (["--max-queue", "7", "--max-n", "8"], ["--max-queue (7) cannot be below --max-n (8)"]),
+        (["--unknown", "replace", "--replace-with", "€"], ["--replace-with '€' is not in the model's vocabulary"]),
+    ],
+)
+def test_a_server_that_would_refuse_its_clients_does_not_start(tiny_checkpoint, flags, needles):
+    # a real process with a time limit: a server that starts would otherwise serve for ever
+    result = run_cli("serve", tiny_checkpoint, "--port", "0", *flags, process=True, timeout=60)
+    assert_one_line_error(result, 2, *needles)
 
 
 def test_http_client_keeps_alive_across_requests(server):

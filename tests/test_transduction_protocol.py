@@ -165,3 +165,38 @@ def test_charlm_serve_rewrites_sources_and_reads_unseen_characters_as_the_unknow
     finally:
         replacing.stop()
         refusing.stop()
+
+
+def test_charlm_serve_of_an_encoder_decoder_says_length_for_a_full_context_and_checks_what_a_decoder_checks(
+    unknown_run,
+):
+    pytest.importorskip("fastapi", reason="charlm serve needs the serve extra: pip install -e '.[test]'")
+    from serve_helpers import ServerProcess
+
+    # a replacement the model holds only as padding, start or end: one line at start-up, not a 400 for every client
+    flags = ["--port", "0", "--unknown", "replace", "--replace-with", "\x02"]
+    reserved = run_cli("serve", unknown_run, *flags, process=True, timeout=60)  # a server that starts serves for ever
+    assert_one_line_error(reserved, 2, "--replace-with U+0002 is one of the model's padding, start and end symbols")
+    model = charlm.load(unknown_run)
+    room = model.config.model.block_size - 1  # the start symbol takes a position: a target this long never ended
+    server = ServerProcess(unknown_run)
+    try:
+        # a nearly uniform draw, whose targets often fill the context before the end symbol comes
+        status, body = server.request(
+            "POST", "/v1/completions", {"prompt": "abcd", "temperature": 50, "seed": 3, "n": 8}
+        )
+        assert status == 200, body
+        texts = [c["text"] for c in body["choices"]]
+        assert texts == [model.transduce("abcd", temperature=50.0, seed=3 + j) for j in range(8)]
+        reasons = [c["finish_reason"] for c in body["choices"]]
+        assert reasons == ["length" if len(t) == room else "stop" for t in texts]
+        assert set(reasons) == {"length", "stop"}, texts
+        status, body = server.request("POST", "/v1/completions", {"prompt": "abcd", "seed": 2**63 - 1, "n": 2})
+        assert status == 400 and "seed + n - 1 must be at most 2**63 - 1" in body["error"]["message"], body
+        assert body["error"]["param"] == "seed"
+        status, body = server.request("POST", "/v1/completions", {"prompt": "abcd", "temperature": 1e39, "top_k": 1})
+        assert status == 400 and "temperature must be at most 10000" in body["error"]["message"], body
+        status, body = server.request("POST", "/v1/completions", {"prompt": "abcd", "echo": 0})
+        assert status == 400 and "echo must be a JSON boolean" in body["error"]["message"], body
+    finally:
+        server.stop()

@@ -3,9 +3,10 @@ app in charlm/cli/app.py; the server itself lives in charlm/serving/server.py)."
 
 from __future__ import annotations
 
+import errno
 import ipaddress
 import socket
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 
@@ -20,6 +21,7 @@ from charlm.cli.support import (
     checkpoint_path,
     needs_torch,
 )
+from charlm.data.tokenizer import SPECIAL_CHARS
 from charlm.errors import UsageError
 
 API_KEY_ENV = "CHARLM_API_KEY"
@@ -60,6 +62,10 @@ def serve(
     check_replacement(replace_with)
     if max_n > max_batch:
         raise UsageError(f"--max-n ({max_n}) cannot exceed --max-batch ({max_batch}): one request must fit a batch")
+    if max_queue < max_n:  # a request's completions queue together: below --max-n, an idle server would answer 429
+        raise UsageError(
+            f"--max-queue ({max_queue}) cannot be below --max-n ({max_n}): one request's completions must fit the queue"
+        )
     needs_torch()
     try:
         import uvicorn
@@ -77,6 +83,7 @@ def serve(
     model = load(checkpoint_path(checkpoint), device, precision.value)
     if model.runtime != "torch":  # the engine batches rows through torch's caches
         raise UsageError(f"{model.path} is an ONNX export: serve the checkpoint it came from or a safetensors export")
+    check_replacement_known(model, replace_with)
     limits = Limits(max_batch, max_queue, max_prompt, max_tokens, max_n, max_body)
     served = Served(limits, model_name, api_key or None, unknown.value, replace_with)
     if model.family.rewrites_sources:  # an encoder-decoder: each prompt a source, each completion its target
@@ -119,12 +126,35 @@ def bind(host: str, port: int) -> socket.socket:
         sock.bind(address)
     except OSError as e:
         sock.close()
+        if e.errno == errno.EADDRNOTAVAIL:  # the address is not one of this machine's: no port would help
+            raise UsageError(
+                f"cannot listen on {host}:{port} ({e.strerror}): --host must be an address this machine has, "
+                "e.g. 127.0.0.1 (this machine only) or 0.0.0.0 (every interface)"
+            ) from None
         raise UsageError(
             f"cannot listen on {host}:{port} ({e.strerror}): pick another --port, or 0 for a free one"
         ) from None
     sock.listen(128)
     sock.set_inheritable(True)
     return sock
+
+
+def check_replacement_known(model: Any, replace_with: str | None) -> None:
+    """--replace-with must be a character the model reads: checked once at start-up, since otherwise every request
+    holding an unknown character would be refused for the server's own setting."""
+    if replace_with is None or model.tokenizer.kind == "byte":  # every text is bytes: nothing is ever replaced
+        return
+    framed = model.family.rewrites_sources or model.family.item_frame(model) is not None
+    if framed and replace_with in SPECIAL_CHARS:  # in the vocabulary, but as padding, start and end
+        raise UsageError(
+            f"--replace-with U+{ord(replace_with):04X} is one of the model's padding, start and end symbols: "
+            "choose a character of its text"
+        )
+    if replace_with not in model.tokenizer.stoi:
+        raise UsageError(
+            f"--replace-with {replace_with!r} is not in the model's vocabulary: choose a character it has, or leave "
+            "--replace-with out for the default"
+        )
 
 
 def is_loopback(host: str) -> bool:

@@ -16,6 +16,10 @@ MAX_BEAM = 64
 WHOLE = ("max_new_tokens", "top_k", "seed", "num_samples", "beam", "batch_size")  # options that count
 FRACTIONAL = ("temperature", "top_p")
 MAX_FILL_CANDIDATES = 50  # charlm fill --top, Model.fill(top=)
+# Above this a draw is uniform in effect: logits a few tens apart, divided by it, differ by under 1% in probability.
+# Far above it the division itself breaks: past float32's largest number (3.4e38) the logits become 0 (NaN where one
+# is -inf), so top-k and top-p keep nothing apart and a model's never-drawn symbols come out.
+MAX_TEMPERATURE = 1e4
 
 
 def flag_name(name: str) -> str:
@@ -90,6 +94,8 @@ def check_values(given: dict[str, Any], spell: Callable[[str], str] = flag_name)
             refuse(name, f">= {low}" + (" (0 = greedy)" if name == "temperature" else ""))
     if given.get("temperature") is not None and math.isinf(given["temperature"]):
         refuse("temperature", "finite (0 = greedy; a large one draws nearly uniformly)")
+    if given.get("temperature") is not None and given["temperature"] > MAX_TEMPERATURE:
+        refuse("temperature", f"at most {MAX_TEMPERATURE:g} (0 = greedy; above it the draw is uniform in effect)")
     if given.get("seed") is not None and not -(2**63) <= given["seed"] < 2**63:
         refuse("seed", "between -2**63 and 2**63 - 1 (a 64-bit integer)")
     if given.get("top_p") is not None and not 0.0 <= given["top_p"] <= 1.0:

@@ -52,8 +52,14 @@ def transduce(model: Models, sources: list[list[int]], options: DecodeOptions) -
     return [results[i] for i in range(len(sources))]
 
 
+def target_room(block_size: int) -> int:
+    """The most characters a target may have: the start symbol takes the first of the context's positions. A target
+    this long ran out of room before its end symbol (it was cut, not finished)."""
+    return block_size - 1
+
+
 def _limit(model: Models, options: DecodeOptions) -> int:
-    room = members(model)[0].config.block_size - 1  # BOS takes the first position (an ensemble shares its context)
+    room = target_room(members(model)[0].config.block_size)  # an ensemble shares its context
     return min(options.max_new_tokens, room)
 
 

@@ -7,6 +7,7 @@ request never silently means something else here than there.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -45,17 +46,33 @@ class CompletionRequest:
     include_usage: bool
 
 
-# OpenAI fields charlm does not implement, and the value at which they change nothing.
-NEUTRAL: dict[str, Any] = {
-    "echo": False,
-    "best_of": 1,
-    "frequency_penalty": 0,
-    "presence_penalty": 0,
-    "suffix": None,
-    "logit_bias": {},
+# OpenAI fields charlm does not implement: the JSON type OpenAI gives each, and the value at which it changes nothing.
+# The type is checked first: Python's True == 1 and False == 0, so `"best_of": true` would pass for 1 by value alone.
+NEUTRAL: dict[str, tuple[Any, str]] = {
+    "echo": (False, "boolean"),
+    "best_of": (1, "integer"),
+    "frequency_penalty": (0, "number"),
+    "presence_penalty": (0, "number"),
+    "suffix": (None, "string"),
+    "logit_bias": ({}, "object"),
 }
 KNOWN = {"model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "n", "stop", "seed", "stream"}
 KNOWN |= {"logprobs", "stream_options", "user", *NEUTRAL}
+SEED_MAX = 2**63 - 1  # choice j of a prompt is seeded with seed + j, and a seed is a 64-bit integer
+
+
+def json_type(value: Any) -> str:
+    """The JSON type of a parsed value, as OpenAI's reference names them (a bool is never a number here)."""
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    kinds = {float: "number", str: "string", list: "array", dict: "object"}
+    return next((name for kind, name in kinds.items() if isinstance(value, kind)), "null")
+
+
+def is_a(value: Any, kind: str) -> bool:
+    return json_type(value) == kind or (kind == "number" and json_type(value) == "integer")
 
 
 def _number(body: dict, name: str, default: Any, low: float, high: float, whole: bool) -> Any:
@@ -86,12 +103,16 @@ def parse_completion(body: Any, limits: Limits, default_prompt: str = "\n") -> C
     unknown = sorted(set(body) - KNOWN)
     if unknown:
         raise BadRequest(400, f"unknown field {unknown[0]!r}; the fields are OpenAI's completions fields and top_k")
-    for name, neutral in NEUTRAL.items():
-        if body.get(name) not in (None, neutral):
-            raise BadRequest(400, f"{name} is not supported by charlm serve (leave it out or at {neutral!r})", name)
-    model = body.get("model")  # optional, as in vLLM and llama.cpp: a server holds one model
-    if model is not None and (not isinstance(model, str) or not model):
-        raise BadRequest(400, "model must be the name GET /v1/models lists, or left out for the served model", "model")
+    for name, (neutral, kind) in NEUTRAL.items():
+        value = body.get(name)
+        if value is not None and not is_a(value, kind):
+            raise BadRequest(400, f"{name} must be a JSON {kind}, got {json.dumps(value)}", name)
+        if value is not None and value != neutral:
+            shown = json.dumps(neutral)
+            raise BadRequest(400, f"{name} is not supported by charlm serve (leave it out or at {shown})", name)
+    if body.get("user") is not None and not isinstance(body["user"], str):  # OpenAI's end-user id: kept nowhere here
+        raise BadRequest(400, f"user must be a string, got {json.dumps(body['user'])}", "user")
+    model = model_field(body)
     prompt = body.get("prompt", default_prompt)
     prompts = [prompt] if isinstance(prompt, str) else prompt
     if not isinstance(prompts, list) or not prompts or not all(isinstance(p, str) for p in prompts):
@@ -122,9 +143,12 @@ def parse_completion(body: Any, limits: Limits, default_prompt: str = "\n") -> C
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise BadRequest(400, f"stream must be true or false, got {stream!r}", "stream")
-    options = body.get("stream_options") or {}
-    if not isinstance(options, dict) or not isinstance(options.get("include_usage", False), bool):
-        raise BadRequest(400, 'stream_options must be {"include_usage": true|false}', "stream_options")
+    options = body.get("stream_options")
+    options = {} if options is None else options  # [], 0 and false are not an empty object: refused, not read as one
+    usage_only = isinstance(options, dict) and set(options) <= {"include_usage"}
+    if not usage_only or not isinstance(options.get("include_usage", False), bool):
+        shape = '{"include_usage": true|false}'
+        raise BadRequest(400, f"stream_options must be {shape}, got {json.dumps(options)}", "stream_options")
     decoding = DecodeOptions(
         max_new_tokens=max_tokens,
         temperature=_number(body, "temperature", 1.0, -math.inf, math.inf, whole=False),
@@ -137,6 +161,13 @@ def parse_completion(body: Any, limits: Limits, default_prompt: str = "\n") -> C
         decoding.checked(json_name)  # the rule every other way of decoding follows
     except OptionError as e:
         raise BadRequest(400, str(e), json_name(e.option)) from None
+    if decoding.seed is not None and decoding.seed + n - 1 > SEED_MAX:  # every family seeds choice j with seed + j
+        raise BadRequest(
+            400,
+            f"seed + n - 1 must be at most 2**63 - 1 ({SEED_MAX}): choice j is drawn with seed + j, and seed "
+            f"{decoding.seed} with n={n} passes it; lower the seed",
+            "seed",
+        )
     return CompletionRequest(
         model=model,
         prompts=prompts,
@@ -148,6 +179,15 @@ def parse_completion(body: Any, limits: Limits, default_prompt: str = "\n") -> C
     )
 
 
+def model_field(body: dict) -> str | None:
+    """A body's `model`: optional, as in vLLM and llama.cpp (a server holds one model), else a non-empty string; that
+    it names the served model is checked apart (http.served_name: 404, as OpenAI answers a model it does not have)."""
+    model = body.get("model")
+    if model is not None and (not isinstance(model, str) or not model):
+        raise BadRequest(400, "model must be the name GET /v1/models lists, or left out for the served model", "model")
+    return model
+
+
 def parse_text(body: Any, limits: Limits, field: str = "text") -> str:
     """The text of a /v1/score or /v1/attention body."""
     if not isinstance(body, dict):
@@ -156,6 +196,7 @@ def parse_text(body: Any, limits: Limits, field: str = "text") -> str:
     if unknown:
         raise BadRequest(400, f"unknown field {unknown[0]!r}; this endpoint takes {field!r} (and model)")
     text = body.get(field)
+    model_field(body)  # the same rule as /v1/completions' (the served name is checked after, as there)
     if not isinstance(text, str) or not text:
         raise BadRequest(400, f"{field} must be a non-empty string", field)
     if len(text) > limits.max_prompt:

@@ -154,8 +154,9 @@ def create_app(model: Model, served: Served | None = None) -> FastAPI:
     @app.post("/v1/score")
     async def score(request: Request) -> dict[str, Any]:
         body = await read_json(request)
-        check_model(body.get("model") if isinstance(body, dict) else None)
-        ids = encode(parse_text(body, limits), "text")
+        text = parse_text(body, limits)  # a malformed body, `model` included, is a 400 before a model name's 404
+        check_model(body.get("model"))
+        ids = encode(text, "text")
         tokens, each = await on_engine(lambda: model.family.surprisal(model, ids))  # a lines model: the item whole
         nats = [x for x in each if x is not None]
         mean = sum(nats) / len(nats)
@@ -172,10 +173,13 @@ def create_app(model: Model, served: Served | None = None) -> FastAPI:
     @app.post("/v1/attention")
     async def attention(request: Request) -> dict[str, Any]:
         body = await read_json(request)
-        check_model(body.get("model") if isinstance(body, dict) else None)
         prompt = parse_text(body, limits, field="prompt")
+        check_model(body.get("model"))
         ids = encode(prompt, "prompt")
-        weights = await on_engine(lambda: model.attention(prompt, unknown))
+        # the text the model reads, --replace-with's characters in place (or --unknown skip's gone): Model.attention
+        # encodes it again, and must get these ids, not its own default replacement's
+        read = model.tokenizer.decode(ids)
+        weights = await on_engine(lambda: model.attention(read, unknown))
         chars = [model.tokenizer.decode([i]) for i in ids]
         return {
             "chars": chars,

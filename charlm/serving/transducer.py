@@ -2,8 +2,9 @@
 its target (a word and its phonemes), rewritten by the model's own batched transduction.
 
 The request fields are the completions fields `charlm serve` takes for a decoder, checked by the same parser; a
-target ends at the model's end symbol, so `max_tokens` (no default here) only cuts it, and stop strings and
-logprobs, which belong to running text, are refused in one line. As in OpenAI's API, temperature defaults to 1 (a
+target ends at the model's end symbol (finish_reason "stop"; "length" when it filled the context first, or when
+`max_tokens`, which has no default here, cut it), and stop strings and logprobs, which belong to running text, are
+refused in one line. As in OpenAI's API, temperature defaults to 1 (a
 sampled target): send temperature 0 for the most likely one. Characters a source holds that the model never saw
 follow the server's --unknown: refused (400, naming them), or read as the model's learned unknown symbol (--unknown
 replace), their count then in the response's `usage.unknown_characters`.
@@ -23,6 +24,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from charlm.api.model import Model
+from charlm.decoding.transduce import target_room
 from charlm.errors import UsageError
 from charlm.serving.http import Served, new_app, read_body, served_name
 from charlm.serving.requests import BadRequest, parse_completion
@@ -91,7 +93,8 @@ def create_transducer_app(model: Model, served: Served | None = None) -> FastAPI
         cap = o.max_new_tokens if isinstance(body, dict) and body.get("max_tokens") is not None else None  # else whole
         whole = [targets[j][i] for i in range(len(req.prompts)) for j in range(req.n)]
         texts = [t[:cap] for t in whole]
-        cut = [cap is not None and len(t) > cap for t in whole]
+        room = target_room(model.config.model.block_size)  # a target this long met the context, not its end symbol
+        cut = [(cap is not None and len(t) > cap) or len(t) >= room for t in whole]
         usage = {
             "prompt_tokens": sum(map(len, req.prompts)),
             "completion_tokens": sum(map(len, texts)),
