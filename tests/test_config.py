@@ -124,6 +124,7 @@ def test_bool_is_not_an_int():
         ("data.val_fraction=0", "data.val_fraction"),
         ("data.val_fraction=1", "data.val_fraction"),
         ("sample.top_p=1.5", "sample.top_p"),
+        ("sample.temperature=2e4", "sample.temperature"),  # past 1e4 a draw is uniform; past 3.4e38 it breaks
         ("train.device=tpu", "train.device"),
     ],
 )

@@ -266,9 +266,13 @@ class TrainConfig:
     tensorboard: bool = documented(False, "same as adding tensorboard to train.loggers (kept for older configs)")
 
 
+# A draw above it is uniform in effect; past float32's range (3.4e38) the scaled logits are 0 and top-k/p keep nothing
+MAX_TEMPERATURE = 1e4
+
+
 @dataclass
 class SampleConfig:
-    temperature: float = documented(0.8, "softmax temperature (0 = greedy)", ge=0.0)
+    temperature: float = documented(0.8, "softmax temperature (0 = greedy)", ge=0.0, le=MAX_TEMPERATURE)
     top_k: int | None = documented(None, "keep only the k most likely characters (null = all)", ge=1)
     top_p: float = documented(1.0, "nucleus sampling: smallest set reaching this probability (1 = all)", gt=0.0, le=1.0)
     max_new_tokens: int = documented(500, "characters to generate", ge=0)

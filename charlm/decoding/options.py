@@ -9,17 +9,13 @@ from dataclasses import dataclass, field, fields, replace
 from numbers import Integral, Real
 from typing import Any
 
-from charlm.config.schema import SampleConfig
+from charlm.config.schema import MAX_TEMPERATURE, SampleConfig
 from charlm.errors import UsageError
 
 MAX_BEAM = 64
 WHOLE = ("max_new_tokens", "top_k", "seed", "num_samples", "beam", "batch_size")  # options that count
 FRACTIONAL = ("temperature", "top_p")
 MAX_FILL_CANDIDATES = 50  # charlm fill --top, Model.fill(top=)
-# Above this a draw is uniform in effect: logits a few tens apart, divided by it, differ by under 1% in probability.
-# Far above it the division itself breaks: past float32's largest number (3.4e38) the logits become 0 (NaN where one
-# is -inf), so top-k and top-p keep nothing apart and a model's never-drawn symbols come out.
-MAX_TEMPERATURE = 1e4
 
 
 def flag_name(name: str) -> str:
