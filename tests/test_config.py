@@ -228,3 +228,10 @@ def test_the_g2p_recipes_hold_out_the_same_words():
     and the same context, which decides the over-long lines that are left out."""
     short, hour = load_config("g2p"), load_config("g2p-hour")
     assert short.data == hour.data and short.model.block_size == hour.model.block_size
+
+
+def test_a_checkpoints_temperature_from_before_its_bound_loads_at_the_bound():
+    """sample.temperature had no upper bound before 1e4: a config saved with more still loads (uniform either way)."""
+    from charlm.config.schema import config_from_dict
+
+    assert config_from_dict({"sample": {"temperature": 2e4}}, "a checkpoint").sample.temperature == 1e4

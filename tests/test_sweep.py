@@ -240,7 +240,7 @@ def test_a_damaged_study_is_named_in_one_line(tmp_path, corpus):
         out = shutil.copytree(tmp_path / "sweep", tmp_path / damage)
         study = out / "study.db"
         study.write_bytes(study.read_bytes()[:1000] if damage == "truncated" else b"garbage " * 200)
-        assert_one_line_error(run_cli("sweep", spec, "--out-dir", out), 2, f"{study} is damaged", "--out-dir")
+        assert_one_line_error(run_cli("sweep", spec, "--out-dir", out), 2, f"{study} cannot be opened", "--out-dir")
 
 
 def test_a_swept_data_path_that_is_missing_is_refused_before_any_trial(tmp_path, corpus):

@@ -179,7 +179,7 @@ def test_charlm_serve_of_an_encoder_decoder_says_length_for_a_full_context_and_c
     assert_one_line_error(reserved, 2, "--replace-with U+0002 is one of the model's padding, start and end symbols")
     model = charlm.load(unknown_run)
     room = model.config.model.block_size - 1  # the start symbol takes a position: a target this long never ended
-    server = ServerProcess(unknown_run)
+    server = ServerProcess(unknown_run, "--max-queue", "1")  # below --max-n: this queue counts requests, not rows
     try:
         # a nearly uniform draw, whose targets often fill the context before the end symbol comes
         status, body = server.request(

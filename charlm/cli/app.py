@@ -36,6 +36,7 @@ from charlm.cli.support import (
     remover_if_created,
     run_app,
 )
+from charlm.data.download import MAX_TIMEOUT, MIN_TIMEOUT
 from charlm.errors import Interrupted, SaveFailed, UsageError
 from charlm.version import __version__
 
@@ -119,7 +120,8 @@ def download(
     timeout: Annotated[
         float,
         typer.Option(
-            callback=_timeout_given, help="Seconds to wait for the server on each attempt (0.1 to 3600, an hour)."
+            callback=_timeout_given,
+            help=f"Seconds to wait for the server on each attempt ({MIN_TIMEOUT:g} to {MAX_TIMEOUT:g}).",
         ),
     ] = 10.0,
 ) -> None:

@@ -40,7 +40,7 @@ def _number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-IMAGE_FORMATS = ("png", "pdf", "svg")  # what matplotlib writes without extra packages; the name's ending picks one
+IMAGE_FORMATS = ("png", "pdf", "svg")  # a raster for screens, two vector formats for papers; the ending picks one
 IMAGE_HELP = f"Image to write: {', '.join('.' + f for f in IMAGE_FORMATS)} (the name's ending picks the format)."
 
 

@@ -62,10 +62,6 @@ def serve(
     check_replacement(replace_with)
     if max_n > max_batch:
         raise UsageError(f"--max-n ({max_n}) cannot exceed --max-batch ({max_batch}): one request must fit a batch")
-    if max_queue < max_n:  # a request's completions queue together: below --max-n, an idle server would answer 429
-        raise UsageError(
-            f"--max-queue ({max_queue}) cannot be below --max-n ({max_n}): one request's completions must fit the queue"
-        )
     needs_torch()
     try:
         import uvicorn
@@ -84,6 +80,11 @@ def serve(
     if model.runtime != "torch":  # the engine batches rows through torch's caches
         raise UsageError(f"{model.path} is an ONNX export: serve the checkpoint it came from or a safetensors export")
     check_replacement_known(model, replace_with)
+    if not model.family.rewrites_sources and max_queue < max_n:  # a decoder queues completions (a request's at once)
+        raise UsageError(
+            f"--max-queue ({max_queue}) cannot be below --max-n ({max_n}): one request's completions must fit the "
+            "queue; raise --max-queue or lower --max-n"
+        )
     limits = Limits(max_batch, max_queue, max_prompt, max_tokens, max_n, max_body)
     served = Served(limits, model_name, api_key or None, unknown.value, replace_with)
     if model.family.rewrites_sources:  # an encoder-decoder: each prompt a source, each completion its target

@@ -26,7 +26,7 @@ from charlm.config.sources import (  # noqa: F401  (re-exported: the config API 
     shipped_config_names,
     suggestion,
 )
-from charlm.config.values import coerce, describe_type, field_types
+from charlm.config.values import MAX_TEMPERATURE, coerce, describe_type, field_types, within_later_bounds
 from charlm.errors import UsageError
 
 DEFAULT_CONFIG = "cpu"
@@ -266,10 +266,6 @@ class TrainConfig:
     tensorboard: bool = documented(False, "same as adding tensorboard to train.loggers (kept for older configs)")
 
 
-# A draw above it is uniform in effect; past float32's range (3.4e38) the scaled logits are 0 and top-k/p keep nothing
-MAX_TEMPERATURE = 1e4
-
-
 @dataclass
 class SampleConfig:
     temperature: float = documented(0.8, "softmax temperature (0 = greedy)", ge=0.0, le=MAX_TEMPERATURE)
@@ -396,5 +392,5 @@ def explicit_settings(sets: list[str], options: Options) -> dict[str, Any]:
 
 def config_from_dict(raw: dict[str, Any], source: str) -> Config:
     """Rebuild a Config saved in a checkpoint (keys added since then take their defaults); all problems at once."""
-    settings, errors = file_settings(raw, source, SECTION_KEYS)
+    settings, errors = file_settings(within_later_bounds(raw), source, SECTION_KEYS)
     return _build_reporting_all(settings, errors)

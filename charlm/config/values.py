@@ -55,3 +55,17 @@ def describe_type(hint: Any) -> str:
     if origin is list:
         return f"a list, each {describe_type(typing.get_args(hint)[0])}"
     return {bool: "true or false", int: "an integer", float: "a number", str: "a string"}.get(hint, str(hint))
+
+
+# A draw above it is uniform in effect; past float32's range (3.4e38) the scaled logits are 0 and top-k/p keep nothing
+MAX_TEMPERATURE = 1e4
+
+
+def within_later_bounds(saved: dict[str, Any]) -> dict[str, Any]:
+    """A config saved in a checkpoint, its values bounded since then brought within the bounds, where they change
+    nothing: a sample.temperature above MAX_TEMPERATURE (uniform in effect either way) loads as MAX_TEMPERATURE."""
+    sample = saved.get("sample")
+    temperature = sample.get("temperature") if isinstance(sample, dict) else None
+    if isinstance(temperature, (int, float)) and temperature > MAX_TEMPERATURE:
+        return {**saved, "sample": {**sample, "temperature": MAX_TEMPERATURE}}  # type: ignore[dict-item]
+    return saved

@@ -145,9 +145,9 @@ def parse_completion(body: Any, limits: Limits, default_prompt: str = "\n") -> C
         raise BadRequest(400, f"stream must be true or false, got {stream!r}", "stream")
     options = body.get("stream_options")
     options = {} if options is None else options  # [], 0 and false are not an empty object: refused, not read as one
-    usage_only = isinstance(options, dict) and set(options) <= {"include_usage"}
-    if not usage_only or not isinstance(options.get("include_usage", False), bool):
-        shape = '{"include_usage": true|false}'
+    known = isinstance(options, dict) and set(options) <= {"include_usage", "include_obfuscation"}  # OpenAI's two
+    if not known or not all(isinstance(options.get(k, False), bool) for k in ("include_usage", "include_obfuscation")):
+        shape = '{"include_usage": true|false} (include_obfuscation is taken and changes nothing)'
         raise BadRequest(400, f"stream_options must be {shape}, got {json.dumps(options)}", "stream_options")
     decoding = DecodeOptions(
         max_new_tokens=max_tokens,

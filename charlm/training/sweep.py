@@ -184,8 +184,8 @@ def _open_study(optuna: Any, spec: SweepSpec, out_dir: Path) -> Any:
     except SQLAlchemyError as e:
         cause = str(getattr(e, "orig", None) or e).splitlines()[0]
         raise UsageError(
-            f"{out_dir / STUDY_FILE} is damaged or not an Optuna study ({cause}); move it away to start the sweep "
-            "afresh, or give another --out-dir"
+            f"{out_dir / STUDY_FILE} cannot be opened as an Optuna study ({cause}); if it is damaged, move it away "
+            "to start the sweep afresh, or give another --out-dir"
         ) from e
     saved = study.user_attrs.get("spec")
     if saved is not None and saved != spec.identity():

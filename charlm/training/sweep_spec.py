@@ -8,7 +8,6 @@ sampled trial when it is drawn (a combination that cannot be a config fails that
 
 from __future__ import annotations
 
-import difflib
 import itertools
 import json
 import math
@@ -20,7 +19,7 @@ import yaml
 
 from charlm.config import schema as cfg
 from charlm.config.schema import Config, Setting
-from charlm.config.sources import load_yaml
+from charlm.config.sources import load_yaml, suggestion
 from charlm.errors import UsageError
 from charlm.training.budget import parse_budget
 
@@ -98,7 +97,7 @@ def load_spec(path: str | Path) -> SweepSpec:
     errors: list[str] = []
     for key in raw:
         if key not in SPEC_KEYS:
-            errors.append(f"{where}: unknown key '{key}'{_suggest(str(key), SPEC_KEYS)}")
+            errors.append(f"{where}: unknown key '{key}'{suggestion(str(key), list(SPEC_KEYS))}")
     config = raw.get("config")
     if config is not None and not isinstance(config, str):
         errors.append(f"{where} config: expected a config's name or path, got {config!r}")
@@ -179,11 +178,6 @@ def _raise(path: Path, errors: list[str]) -> None:
     raise UsageError(f"{len(errors)} problems in the sweep spec {path}:", details=errors)
 
 
-def _suggest(word: str, options: tuple[str, ...] | list[str]) -> str:
-    close = difflib.get_close_matches(word, options, n=1, cutoff=0.6)
-    return f"; did you mean '{close[0]}'?" if close else f"; valid: {', '.join(options)}"
-
-
 def _count(value: Any, what: str, errors: list[str], minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         errors.append(f"{what}: expected a whole number >= {minimum}, got {value!r}")
@@ -220,7 +214,7 @@ def _budget(raw: Any, where: str, errors: list[str]) -> tuple[float, int]:
     body = raw if isinstance(raw, dict) else {"time": raw}
     for key in body:
         if key not in BUDGET_KEYS:
-            errors.append(f"{where} budget: unknown key '{key}'{_suggest(str(key), BUDGET_KEYS)}")
+            errors.append(f"{where} budget: unknown key '{key}'{suggestion(str(key), list(BUDGET_KEYS))}")
     seconds, steps = 0.0, 0
     time = body.get("time")
     if isinstance(time, (int, float)) and not isinstance(time, bool):  # as --budget: a unit, never a guess at one
@@ -261,7 +255,7 @@ def _params(raw: Any, where: str, fixed: dict[str, Any], errors: list[str]) -> l
             continue
         unknown = [k for k in body if k not in PARAM_KEYS]
         if unknown:
-            errors.append(f"{source}: unknown key '{unknown[0]}'{_suggest(str(unknown[0]), PARAM_KEYS)}")
+            errors.append(f"{source}: unknown key '{unknown[0]}'{suggestion(str(unknown[0]), list(PARAM_KEYS))}")
             continue
         param = _param(key, body, source, errors)
         if param is not None:
