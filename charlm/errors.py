@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
 USAGE_EXIT = 2  # something the user gave is wrong: flag, config, data file, checkpoint, prompt
@@ -45,3 +46,8 @@ class Interrupted(CharlmError):
         super().__init__(message)
         self.signum, self.saved = signum, saved  # saved: the checkpoint written before stopping, if any
         self.exit_code = 128 + signum
+
+
+def shell_path(path: Path | str) -> str:
+    """A path as a command in a message or a model card takes it: quoted where the shell would split or expand it."""
+    return shlex.quote(str(path))

@@ -95,6 +95,14 @@ def test_reversal_is_learned_within_60_s_and_not_without_cross_attention(trained
     assert_one_line_error(no_cross, 2, "no cross attention", "--part encoder|decoder")
 
 
+def test_a_source_or_replacement_that_is_padding_start_or_end_is_named_in_one_line(trained):
+    run, _ = trained
+    result = run_cli("sample", run, "--prompt", "ab\x02c")
+    assert_one_line_error(result, 2, "a source may not hold U+0000, U+0002, U+0003")
+    result = run_cli("sample", run, "--prompt", "abz", "--unknown", "replace", "--replace-with", "\x00")
+    assert_one_line_error(result, 2, "the replacement character U+0000 is one of the model's padding, start and end")
+
+
 def test_eval_says_the_lines_a_skipping_model_leaves_out(trained, tmp_path):
     """A model trained with data.skip_bad_lines skips a line without a tab in the file it scores: said, never
     silent, on the terminal and in --json."""
@@ -153,7 +161,7 @@ def test_unknown_characters_replaced_never_become_padding(trained):
     model = charlm.load(trained[0])
     assert model.encode_source("abz", "replace") == model.encode_source("aba")  # the first real character
     assert model.encode_source("abz", "replace", "c") == model.encode_source("abc")
-    with pytest.raises(UsageError, match="reserved"):
+    with pytest.raises(UsageError, match=r"U\+0000 is one of the model.s padding, start and end symbols"):
         model.encode_source("abz", "replace", "\x00")
     with pytest.raises(UsageError, match="top_k"):
         model.transduce("abc", temperature=1.0, top_k=0)

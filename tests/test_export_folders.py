@@ -1,8 +1,10 @@
 """Export folders as `charlm sample`, `eval` and charlm.load find them: one with a file deleted is named as the export
-it is, with the file it lacks; and `charlm export` given only the model says that DIR is missing."""
+it is, with the file it lacks; `charlm export` given only the model says that DIR is missing; and the commands that
+messages and model cards print run as printed where a path holds a space."""
 
 from __future__ import annotations
 
+import shlex
 import shutil
 from pathlib import Path
 
@@ -73,3 +75,19 @@ def test_export_given_only_the_model_says_dir_is_missing(tiny_checkpoint, tmp_pa
     exported = run_cli("export", "out", cwd=tmp_path)  # one path that is not a model: DIR, for the newest run
     assert exported.returncode == 0 and "runs/r/best.pt" in exported.stderr, exported.stderr
     assert (tmp_path / "out" / "model.safetensors").is_file()
+
+
+def test_commands_that_name_a_path_with_a_space_quote_it_so_they_run_as_printed(tiny_checkpoint, tmp_path):
+    spaced = tmp_path / "my runs" / "r"
+    shutil.copytree(tiny_checkpoint.parent, spaced)
+    result = run_cli("export", spaced)
+    assert_one_line_error(result, 2, f"(charlm export {shlex.quote(str(spaced))} DIR)")
+    result = run_cli("fill", spaced, "--prompt", "RO_EO")  # a decoder: the message says what runs it instead
+    assert_one_line_error(result, 2, f"charlm sample {shlex.quote(str(spaced / 'best.pt'))} --prompt TEXT")
+    folder = tmp_path / "my export"
+    run_cli("export", spaced, folder, check=True)
+    card = (folder / "README.md").read_text(encoding="utf-8")
+    command = next(line for line in card.splitlines() if line.startswith("charlm sample "))
+    printed = run_cli(*shlex.split(command)[1:], "--max-new-tokens", "20", check=True)  # the card's command, as typed
+    assert printed.stdout.startswith("JULIET:")
+    assert f'charlm.load("{folder}")' in card

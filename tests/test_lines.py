@@ -296,7 +296,11 @@ def test_score_refuses_a_reserved_replacement_and_says_when_skip_left_out_every_
     candidates.write_text("anna\nb€b\n")
     for reserved in ("\x00", "\x02", "\x03"):  # an end symbol inside an item would score it as two
         result = run_cli("score", candidates, lines_run, "--unknown", "replace", "--replace-with", reserved)
-        assert_one_line_error(result, 2, f"U+{ord(reserved):04X} is one of the padding, start and end symbols")
+        needle = f"the replacement character U+{ord(reserved):04X} is one of the model's padding, start and end symbols"
+        assert_one_line_error(result, 2, needle)
+    # the same rule and words where a prompt is read
+    result = run_cli("sample", lines_run, "--prompt", "an€", "--unknown", "replace", "--replace-with", "\x03")
+    assert_one_line_error(result, 2, "the replacement character U+0003 is one of the model's padding, start and end")
     unseen = tmp_path / "unseen.txt"
     unseen.write_text("€\n€€\n")
     result = run_cli("score", unseen, lines_run, "--unknown", "skip")

@@ -37,7 +37,7 @@ from charlm.cli.support import (
     run_app,
 )
 from charlm.data.download import MAX_TIMEOUT, MIN_TIMEOUT
-from charlm.errors import Interrupted, SaveFailed, UsageError
+from charlm.errors import Interrupted, SaveFailed, UsageError, shell_path
 from charlm.version import __version__
 
 EXIT_CODES_HELP = "Exit codes: 0 ok, 1 runtime failure, 2 usage or config error, 130/143 interrupted (SIGINT/SIGTERM)."
@@ -237,10 +237,10 @@ def train(
         except Interrupted as e:  # the loop says what it saved; how to go on is the command line's to say
             if e.saved is None:
                 raise
-            hint = f"continue with `charlm train --resume --out-dir {request.out_dir}`"
+            hint = f"continue with `charlm train --resume --out-dir {shell_path(request.out_dir)}`"
             raise Interrupted(f"{e}; {hint}", e.signum, saved=e.saved) from None
         except SaveFailed as e:
-            todo = f"free some disk space, then `charlm train --resume --out-dir {request.out_dir}`"
+            todo = f"free some disk space, then `charlm train --resume --out-dir {shell_path(request.out_dir)}`"
             raise SaveFailed(e.what, todo) from None
     if summary is None:  # a rank other than 0 under torchrun: rank 0 reports
         return

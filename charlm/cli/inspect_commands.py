@@ -20,7 +20,7 @@ from charlm.cli.support import (
     pick_indices,
     print_json,
 )
-from charlm.errors import UsageError
+from charlm.errors import UsageError, shell_path
 
 
 class Part(str, Enum):
@@ -260,7 +260,7 @@ def export_(
     if len(paths) == 1 and (kind := model_kind(paths[0])):  # DIR forgotten: it would take the newest run instead
         raise UsageError(
             f"DIR is missing: {paths[0]} is {kind}, the model to export; add the folder to write "
-            f"(charlm export {paths[0]} DIR)"
+            f"(charlm export {shell_path(paths[0])} DIR)"
         )
     source = checkpoint_path(paths[0] if len(paths) == 2 else None)
     console = stderr_console()
@@ -300,7 +300,7 @@ def plot(
     check_image_target(output)
     sweeps = [(d, found) for d in run_dirs if (found := sweep_results(d)) is not None]
     if sweeps and len(run_dirs) > 1:
-        raise UsageError(f"{sweeps[0][0]} is a sweep folder: plot it alone (charlm plot {sweeps[0][0]})")
+        raise UsageError(f"{sweeps[0][0]} is a sweep folder: plot it alone (charlm plot {shell_path(sweeps[0][0])})")
     written = plot_sweep(sweeps[0][1], output) if sweeps else plot_runs(run_dirs, output)
     stderr_console().print(f"wrote {written}")
 

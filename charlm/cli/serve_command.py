@@ -21,7 +21,7 @@ from charlm.cli.support import (
     checkpoint_path,
     needs_torch,
 )
-from charlm.data.tokenizer import SPECIAL_CHARS
+from charlm.data.tokenizer import refuse_special_replacement
 from charlm.errors import UsageError
 
 API_KEY_ENV = "CHARLM_API_KEY"
@@ -146,11 +146,8 @@ def check_replacement_known(model: Any, replace_with: str | None) -> None:
     if replace_with is None or model.tokenizer.kind == "byte":  # every text is bytes: nothing is ever replaced
         return
     framed = model.family.rewrites_sources or model.family.item_frame(model) is not None
-    if framed and replace_with in SPECIAL_CHARS:  # in the vocabulary, but as padding, start and end
-        raise UsageError(
-            f"--replace-with U+{ord(replace_with):04X} is one of the model's padding, start and end symbols: "
-            "choose a character of its text"
-        )
+    if framed:  # in the vocabulary, but as padding, start and end
+        refuse_special_replacement(replace_with, "--replace-with")
     if replace_with not in model.tokenizer.stoi:
         raise UsageError(
             f"--replace-with {replace_with!r} is not in the model's vocabulary: choose a character it has, or leave "

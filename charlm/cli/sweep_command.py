@@ -12,7 +12,7 @@ from rich.table import Table
 
 from charlm.cli.support import folder, needs_torch, print_json, remover_if_created
 from charlm.config.sources import CONFIG_DIRS
-from charlm.errors import Interrupted
+from charlm.errors import Interrupted, shell_path
 from charlm.training.sweep_folder import BEST_FILE, RESULTS_FILE, STUDY_FILE
 
 
@@ -118,7 +118,7 @@ def print_sweep(results: dict[str, Any]) -> None:
     if best is not None:
         out.print(
             f"best: {best['folder']} (full-val {best['full_val_loss']:.4f}); its config: "
-            f"charlm train --config {results['best_config']}",
+            f"charlm train --config {shell_path(results['best_config'])}",
             markup=False,
         )
 

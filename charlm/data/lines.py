@@ -18,11 +18,21 @@ import torch
 from charlm.config.schema import DataConfig
 from charlm.data.corpus import IGNORE, read_text
 from charlm.data.records import MODEL_FIX, RecordSplits, refuse_or_skip
-from charlm.data.tokenizer import BOS, EOS, PAD, SPECIAL_CHARS, CharTokenizer, Tokenizer, UnknownPolicy
+from charlm.data.tokenizer import (
+    BOS,
+    EOS,
+    PAD,
+    SPECIAL_CHARS,
+    SPECIAL_CODES,
+    CharTokenizer,
+    Tokenizer,
+    UnknownPolicy,
+    refuse_special_replacement,
+)
 from charlm.errors import UsageError
 
 Item = list[int]  # an item's ids, without BOS and EOS
-RESERVED = "holding a reserved control character (U+0000, U+0002 or U+0003)"
+RESERVED = f"holding a reserved control character ({SPECIAL_CODES})"
 
 
 def item_room(block_size: int) -> int:
@@ -109,11 +119,8 @@ def encode_items(
         )
     if unknown == "skip":
         return [tokenizer.encode(item) for item in items if set(item) <= known]
-    if unknown == "replace" and replacement in SPECIAL_CHARS:  # an item's end symbol in its middle, or padding
-        raise UsageError(
-            f"the replacement character U+{ord(replacement):04X} is one of the padding, start and end symbols "
-            "(U+0000, U+0002, U+0003); choose a character of the model's vocabulary"
-        )
+    if unknown == "replace":
+        refuse_special_replacement(replacement, "the replacement character")
     if unknown == "replace" and replacement is None:
         replacement = " " if " " in known else tokenizer.chars[len(SPECIAL_CHARS)]  # a real character, never PAD
     return [tokenizer.encode(item, unknown, replacement) for item in items]

@@ -18,7 +18,17 @@ from torch import nn
 from charlm.config.schema import DataConfig
 from charlm.data.corpus import IGNORE, read_text
 from charlm.data.records import MODEL_FIX, RecordSplits, refuse_or_skip
-from charlm.data.tokenizer import BOS, EOS, PAD, SPECIAL_CHARS, UNKNOWN_CHAR, CharTokenizer, Tokenizer, UnknownPolicy
+from charlm.data.tokenizer import (
+    BOS,
+    EOS,
+    PAD,
+    SPECIAL_CHARS,
+    SPECIAL_CODES,
+    UNKNOWN_CHAR,
+    CharTokenizer,
+    Tokenizer,
+    UnknownPolicy,
+)
 from charlm.errors import UsageError
 from charlm.hardware.device import autocast
 
@@ -50,7 +60,7 @@ def read_pairs(
                 f"longer than the context (source > {block_size} or target > {block_size - 1})", []
             ).append(number)
         elif any(c in SPECIAL_CHARS for c in line):
-            problems.setdefault("holding a reserved control character (U+0000, U+0002 or U+0003)", []).append(number)
+            problems.setdefault(f"holding a reserved control character ({SPECIAL_CODES})", []).append(number)
         else:
             pairs.append((parts[0], parts[1]))
     refuse_or_skip(problems, str(path), skip_bad, fix, say)

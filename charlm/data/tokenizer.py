@@ -17,6 +17,19 @@ REPLACEMENT = "\ufffd"  # what a byte sequence that is not UTF-8 shows as
 # PAD), the first three ids of such a vocabulary.
 PAD, BOS, EOS = 0, 1, 2
 SPECIAL_CHARS = ["\x00", "\x02", "\x03"]  # NUL, STX, ETX: the characters of ids 0, 1, 2 in a paired vocabulary
+SPECIAL_CODES = ", ".join(f"U+{ord(c):04X}" for c in SPECIAL_CHARS)  # how messages name them
+
+
+def refuse_special_replacement(replacement: str | None, what: str) -> None:
+    """A replacement that is padding, start or end would pad or end an item in its middle: refused in one line that
+    names what gave it (a flag, or "the replacement character")."""
+    if replacement in SPECIAL_CHARS:
+        raise UsageError(
+            f"{what} U+{ord(replacement):04X} is one of the model's padding, start and end symbols "
+            f"({SPECIAL_CODES}): choose a character of its text"
+        )
+
+
 # The unknown symbol (U+001A SUBSTITUTE, ASCII's mark for a character that cannot be shown): a paired vocabulary
 # trained with data.unknown_dropout holds it, and `--unknown replace` then puts it where a character is unknown.
 UNKNOWN_CHAR = "\x1a"

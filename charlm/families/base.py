@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import json
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -21,7 +22,7 @@ from charlm.data.tokenizer import Tokenizer, UnknownPolicy
 from charlm.decoding.generate import encode_prompt as encode_text_prompt
 from charlm.decoding.generate import sample as sample_text
 from charlm.decoding.stepped import GraphRuntime, RuntimeCheck
-from charlm.errors import UsageError
+from charlm.errors import UsageError, shell_path
 from charlm.evaluation.loss import EvalResult
 from charlm.evaluation.loss import surprisal as text_surprisal
 from charlm.hardware.distributed import Dist
@@ -83,13 +84,18 @@ class PeriodicLosses(Protocol):
     def losses(self, model: nn.Module, step: int) -> tuple[float, float]: ...
 
 
+def python_path(path: Path | str) -> str:
+    """A path as a Python string literal in a model card (JSON's escapes are Python's)."""
+    return json.dumps(str(path), ensure_ascii=False)
+
+
 class Family(abc.ABC):
     """One architecture (model.arch). Subclasses say what they are and implement the operations every family has;
     the `as_...` views refuse, in one line, on every family but their own."""
 
     name = ""  # the model.arch value
     noun = ""  # "a decoder": as messages name it
-    does = ""  # what it does instead, with the call and the command that do it
+    does = ""  # what it does instead: the command ({ckpt}: the model's path) and the Python call that do it
     module_type: type[nn.Module] = nn.Module
     continues_text = False  # a text model: `charlm sample` continues prompts, --init-from can start from it
     rewrites_sources = False  # `charlm sample` and `eval` take source strings and give targets (pairs)
@@ -131,7 +137,8 @@ class Family(abc.ABC):
 
     def refuse(self, loaded: Loaded, wanted: str) -> UsageError:
         """The one-line error for an operation this family does not have: what the model is and does instead."""
-        return UsageError(f"{loaded.path} is {self.noun} model, not {wanted}; {self.does}")
+        does = self.does.format(ckpt=shell_path(loaded.path))
+        return UsageError(f"{loaded.path} is {self.noun} model, not {wanted}; {does}")
 
     @abc.abstractmethod
     def score(self, loaded: Loaded, data: str | None, split: str | None, options: dict[str, Any]) -> Any:

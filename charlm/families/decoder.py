@@ -13,9 +13,17 @@ from charlm.config.schema import Config, ModelConfig
 from charlm.data.corpus import Corpus, RandomWindows, encode_compact, for_file, same_path, split_file
 from charlm.data.tokenizer import UnknownPolicy
 from charlm.decoding.stepped import GraphRuntime, RuntimeCheck
-from charlm.errors import UsageError
+from charlm.errors import UsageError, shell_path
 from charlm.evaluation.loss import EvalResult, full_pass, windows_total
-from charlm.families.base import AnyCorpus, Family, Loaded, data_name, num_params, optimizer_name
+from charlm.families.base import (
+    AnyCorpus,
+    Family,
+    Loaded,
+    data_name,
+    num_params,
+    optimizer_name,
+    python_path,
+)
 from charlm.families.losses import WindowLosses
 from charlm.hardware.distributed import Dist
 from charlm.models.decoder import GPT
@@ -26,7 +34,7 @@ from charlm.models.onnx_graphs import Graph, decoder_graphs
 class DecoderFamily(Family):
     name = "decoder"
     noun = "a decoder"
-    does = "it continues text: use generate() (charlm sample CKPT --prompt TEXT)"
+    does = "it continues text: charlm sample {ckpt} --prompt TEXT (generate() in Python)"
     module_type = GPT
     continues_text = True
 
@@ -168,13 +176,13 @@ A decoder-only Transformer over {loaded.tokenizer.vocab_size} {symbols}, trained
 ## Use it
 
 ```bash
-charlm sample {folder} --prompt "JULIET:" --seed 1
-charlm eval {folder} --data input.txt
+charlm sample {shell_path(folder)} --prompt "JULIET:" --seed 1
+charlm eval {shell_path(folder)} --data input.txt
 ```
 
 ```python
 import charlm
-model = charlm.load("{folder}")
+model = charlm.load({python_path(folder)})
 print(model.generate("JULIET:", max_new_tokens=200, seed=1))
 ```
 

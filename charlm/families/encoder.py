@@ -16,10 +16,18 @@ from charlm.data.masking import MaskedWindows
 from charlm.decoding.fill import fill
 from charlm.decoding.options import MAX_FILL_CANDIDATES
 from charlm.decoding.stepped import GraphRuntime, RuntimeCheck
-from charlm.errors import UsageError
+from charlm.errors import UsageError, shell_path
 from charlm.evaluation.loss import EvalResult
 from charlm.evaluation.masked import MaskedResult, all_windows, masked_score
-from charlm.families.base import AnyCorpus, Family, Loaded, data_name, num_params, optimizer_name
+from charlm.families.base import (
+    AnyCorpus,
+    Family,
+    Loaded,
+    data_name,
+    num_params,
+    optimizer_name,
+    python_path,
+)
 from charlm.families.decoder import validation_ids
 from charlm.families.losses import WindowLosses
 from charlm.hardware.distributed import Dist
@@ -31,7 +39,7 @@ from charlm.models.onnx_graphs import Graph, encoder_graphs
 class EncoderFamily(Family):
     name = "encoder"
     noun = "an encoder"
-    does = "it restores hidden characters: use fill() (charlm fill CKPT --prompt 'ROM_O')"
+    does = "it restores hidden characters: charlm fill {ckpt} --prompt 'ROM_O' (fill() in Python)"
     module_type = EncoderOnly
     scored_by = "an encoder is scored on hidden characters: use evaluate_masked() (charlm eval does)"
 
@@ -172,12 +180,12 @@ mask symbol, trained with charlm on `{data}`.
 ## Use it
 
 ```bash
-charlm fill {folder} --prompt "ROM_O AND JUL_ET"     # every _ filled at once, with the top candidates
+charlm fill {shell_path(folder)} --prompt "ROM_O AND JUL_ET"     # every _ filled at once, with the top candidates
 ```
 
 ```python
 import charlm
-print(charlm.load("{folder}").fill("ROM_O AND JUL_ET")["text"])
+print(charlm.load({python_path(folder)}).fill("ROM_O AND JUL_ET")["text"])
 ```
 
 {files}

@@ -13,13 +13,28 @@ from torch import nn
 from charlm.config.schema import Config, ModelConfig
 from charlm.data.corpus import for_file, same_path, split_file
 from charlm.data.pairs import Pair, PairBatches, PairCorpus, pairs_total
-from charlm.data.tokenizer import BOS, SPECIAL_CHARS, UNKNOWN_CHAR, UnknownPolicy
+from charlm.data.tokenizer import (
+    BOS,
+    SPECIAL_CHARS,
+    SPECIAL_CODES,
+    UNKNOWN_CHAR,
+    UnknownPolicy,
+    refuse_special_replacement,
+)
 from charlm.decoding.options import DecodeOptions, field_name
 from charlm.decoding.stepped import GraphRuntime, RuntimeCheck
 from charlm.decoding.transduce import Models, TransductionResult, score_pairs, transduce
-from charlm.errors import UsageError
+from charlm.errors import UsageError, shell_path
 from charlm.evaluation.loss import EvalResult
-from charlm.families.base import AnyCorpus, Family, Loaded, data_name, num_params, optimizer_name
+from charlm.families.base import (
+    AnyCorpus,
+    Family,
+    Loaded,
+    data_name,
+    num_params,
+    optimizer_name,
+    python_path,
+)
 from charlm.families.losses import PairLosses
 from charlm.hardware.distributed import Dist
 from charlm.models.encoder_decoder import EncoderDecoder
@@ -30,7 +45,7 @@ from charlm.models.onnx_graphs import Graph, encoder_decoder_graphs
 class EncoderDecoderFamily(Family):
     name = "encoder-decoder"
     noun = "an encoder-decoder"
-    does = "it rewrites a source string: use transduce() (charlm sample CKPT --prompt SOURCE)"
+    does = "it rewrites a source string: charlm sample {ckpt} --prompt SOURCE (transduce() in Python)"
     module_type = EncoderDecoder
     rewrites_sources = True
     scored_by = "an encoder-decoder is scored on pairs: use evaluate_pairs() (charlm eval does)"
@@ -143,8 +158,10 @@ def encode_source(
     loaded: Loaded, source: str, unknown: UnknownPolicy = "error", replace_with: str | None = None
 ) -> list[int]:
     """A source's ids: not empty, within the context, without the reserved control characters."""
-    if any(c in SPECIAL_CHARS for c in source) or replace_with in SPECIAL_CHARS:
-        raise UsageError("a source may not hold U+0000, U+0002 or U+0003 (reserved for padding, start and end)")
+    if any(c in SPECIAL_CHARS for c in source):
+        raise UsageError(f"a source may not hold {SPECIAL_CODES} (the padding, start and end symbols)")
+    if unknown == "replace":
+        refuse_special_replacement(replace_with, "the replacement character")
     if not source:
         raise UsageError("a source must have at least one character")
     chars = loaded.tokenizer.chars
@@ -267,13 +284,13 @@ characters (ids 0, 1, 2: padding, start, end), trained with charlm on the pairs 
 ## Use it
 
 ```bash
-charlm sample {folder} --prompt "SOURCE"            # greedy; --beam 5 for beam search
-charlm sample {folder} --prompt-file words.txt      # source<TAB>target for every line
+charlm sample {shell_path(folder)} --prompt "SOURCE"            # greedy; --beam 5 for beam search
+charlm sample {shell_path(folder)} --prompt-file words.txt      # source<TAB>target for every line
 ```
 
 ```python
 import charlm
-model = charlm.load("{folder}")
+model = charlm.load({python_path(folder)})
 print(model.transduce("SOURCE", beam=5))
 ```
 

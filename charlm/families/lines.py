@@ -14,14 +14,22 @@ from torch import nn
 from charlm.config.schema import Config, ModelConfig
 from charlm.data.corpus import decode_utf8, for_file, same_path, split_file
 from charlm.data.lines import LineBatches, LineCorpus, check_items, encode_items, item_room, numbered_items
-from charlm.data.tokenizer import BOS, EOS, PAD, SPECIAL_CHARS, UnknownPolicy
+from charlm.data.tokenizer import BOS, EOS, PAD, SPECIAL_CHARS, SPECIAL_CODES, UnknownPolicy, refuse_special_replacement
 from charlm.decoding.generate import SampleResult
 from charlm.decoding.items import ItemFrame, sample_items
 from charlm.decoding.options import DecodeOptions
-from charlm.errors import UsageError
+from charlm.errors import UsageError, shell_path
 from charlm.evaluation.items import ItemsResult, item_logprobs, items_total, score_items
 from charlm.evaluation.loss import EvalResult
-from charlm.families.base import AnyCorpus, Family, Loaded, data_name, num_params, optimizer_name
+from charlm.families.base import (
+    AnyCorpus,
+    Family,
+    Loaded,
+    data_name,
+    num_params,
+    optimizer_name,
+    python_path,
+)
 from charlm.families.losses import RankShare
 from charlm.hardware.distributed import Dist
 from charlm.models.decoder import GPT
@@ -35,7 +43,7 @@ class LinesFamily(Family):
 
     name = "decoder"
     noun = "a lines decoder"
-    does = "it makes whole items, one per line: charlm sample CKPT --num-samples N (a --prompt begins each item)"
+    does = "it makes whole items, one per line: charlm sample {ckpt} --num-samples N (sample_items() in Python)"
     module_type = GPT
     makes_items = True
     scored_by = "a lines model is scored item by item: use score() (charlm eval) or score_items() (charlm score)"
@@ -88,8 +96,10 @@ class LinesFamily(Family):
         self, loaded: Loaded, prompt: str, unknown: UnknownPolicy = "error", replace_with: str | None = None
     ) -> list[int]:
         """An item's beginning: empty (a whole item), or characters the model knows that leave room for one more."""
-        if any(c in SPECIAL_CHARS for c in prompt) or replace_with in SPECIAL_CHARS:
-            raise UsageError("the prompt may not hold U+0000, U+0002 or U+0003 (the padding, start and end symbols)")
+        if any(c in SPECIAL_CHARS for c in prompt):
+            raise UsageError(f"the prompt may not hold {SPECIAL_CODES} (the padding, start and end symbols)")
+        if unknown == "replace":
+            refuse_special_replacement(replace_with, "the replacement character")
         hint = "use --unknown skip or --unknown replace to accept them"
         if unknown == "skip":  # the prompt's unknown characters are dropped, not the prompt
             prompt = "".join(c for c in prompt if c in loaded.tokenizer.chars)
@@ -316,13 +326,13 @@ charlm.
 ## Use it
 
 ```bash
-charlm sample {folder} --num-samples 20 --novel     # new items, with the share that were not training items
-charlm score candidates.txt {folder} --sort         # rank your own candidates, one per line
+charlm sample {shell_path(folder)} --num-samples 20 --novel     # new items, with the share that were not training items
+charlm score candidates.txt {shell_path(folder)} --sort         # rank your own candidates, one per line
 ```
 
 ```python
 import charlm
-model = charlm.load("{folder}")
+model = charlm.load({python_path(folder)})
 print(model.generate("", seed=1))                   # one whole item; a prompt is its beginning
 ```
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from charlm.data.download import ensure_builtin_corpus
 from charlm.data.prepare import source_files
-from charlm.errors import CharlmError, Interrupted, SaveFailed, UsageError, WorkError
+from charlm.errors import CharlmError, Interrupted, SaveFailed, UsageError, WorkError, shell_path
 from charlm.files import atomic_write, folder_problem
 from charlm.progress import TrainReporter
 from charlm.training.run import run_training
@@ -374,7 +374,7 @@ def _write_best(spec: SweepSpec, results: dict[str, Any], out_dir: Path) -> None
     config = spec.trial_config(best["params"])
     path = out_dir / BEST_FILE
     head = (
-        f"# charlm train --config {path}\n"
+        f"# charlm train --config {shell_path(path)}\n"
         f"# The best trial of the sweep {spec.path} ({best['folder']}: full-val {best['full_val_loss']:.4f}),\n"
         "# with the trial's budget: train longer with --max-seconds or --max-steps.\n"
     )
