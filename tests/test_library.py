@@ -87,6 +87,16 @@ def test_cosine_and_linear_decay_to_min_lr_over_the_nearer_budget():
     assert both.lr(80, 5.0) == pytest.approx(1e-4 + (1e-2 - 1e-4) * 0.2)  # whichever is nearer to done
 
 
+def test_wsd_holds_the_peak_then_decays_linearly_over_the_budgets_last_share():
+    wsd = _schedule(lr_schedule="wsd", warmdown=0.4, warmup_steps=10, min_lr=0.0)
+    assert wsd.lr(4, 0.0) == pytest.approx(5e-3)  # the warmup is the other schedules'
+    assert wsd.lr(10, 0.0) == pytest.approx(1e-2) and wsd.lr(60, 0.0) == pytest.approx(1e-2)  # held to 60%
+    assert wsd.lr(80, 0.0) == pytest.approx(5e-3) and wsd.lr(100, 0.0) == pytest.approx(0.0)
+    timed = _schedule(lr_schedule="wsd", warmdown=0.5, max_steps=0, max_seconds=10.0)
+    assert timed.lr(3, 7.5) == pytest.approx(1e-4 + (1e-2 - 1e-4) / 2)  # elapsed time decides, as for linear
+    assert "held, then linear decay to 0.0001 over the last 50% of 10 s" in timed.describe()
+
+
 def test_the_plateau_rule_lowers_the_lr_after_more_than_patience_stalled_checks():
     s = _schedule(lr_schedule="plateau", plateau_patience=2, plateau_factor=0.5)
     assert not s.observe(2.0, step=10)

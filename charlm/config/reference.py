@@ -33,7 +33,12 @@ def key_reference() -> list[KeyInfo]:
 
 
 # How the docs name each train.lr_schedule value (tests/test_config.py checks every value has its words).
-SCHEDULE_WORDS = {"cosine": "cosine decay", "linear": "linear decay", "plateau": "ReduceLROnPlateau"}
+SCHEDULE_WORDS = {
+    "cosine": "cosine decay",
+    "linear": "linear decay",
+    "plateau": "ReduceLROnPlateau",
+    "wsd": "a held peak and a linear decay",
+}
 
 
 def _default_run_sentence() -> str:

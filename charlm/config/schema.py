@@ -188,7 +188,7 @@ class TrainConfig:
     )
     min_lr: float = documented(
         1e-5,
-        "the floor of every schedule: cosine and linear decay end here, the plateau rule never goes below it",
+        "the floor of every schedule: cosine, linear and wsd decay end here, the plateau rule never goes below it",
         ge=0.0,
     )
     weight_decay: float = documented(0.1, "AdamW weight decay (on the parameters train.decay says)", ge=0.0)
@@ -200,10 +200,14 @@ class TrainConfig:
     beta1: float = documented(0.9, "AdamW beta1", ge=0.0, lt=1.0)
     beta2: float = documented(0.99, "AdamW beta2", ge=0.0, lt=1.0)
     warmup_steps: int = documented(0, "linear learning-rate warmup from 0 over this many steps", ge=0)
-    lr_schedule: Literal["plateau", "cosine", "linear"] = documented(
+    lr_schedule: Literal["plateau", "cosine", "linear", "wsd"] = documented(
         "plateau",
         "after warmup: plateau = ReduceLROnPlateau on validation loss; cosine or linear = decay to min_lr "
-        "over the run's budget (max_steps or max_seconds, whichever is nearer)",
+        "over the run's budget (max_steps or max_seconds, whichever is nearer); wsd = the peak held, then a "
+        "linear decay to min_lr over the budget's last train.warmdown (warmup-stable-decay, Hu et al. 2024)",
+    )
+    warmdown: float = documented(
+        0.4, "wsd: the share of the budget (after warmup) over which the lr decays to min_lr", gt=0.0, le=1.0
     )
     grad_clip: float = documented(1.0, "clip the gradient norm to this value (0 = no clipping)", ge=0.0)
     label_smoothing: float = documented(

@@ -56,6 +56,7 @@ RESUMABLE_KEYS = {
     "train.compile",
     "train.cpu_linear",
     "train.lr_schedule",
+    "train.warmdown",
     "data.path",
     "train.loggers",
     "train.log_interval",

@@ -24,8 +24,9 @@ class PlateauState:
 
 class LRSchedule:
     """Linear warmup from 0, then: cosine or linear decay to min_lr over max_steps or max_seconds (whichever is
-    nearer to done), or a plateau rule that multiplies the lr by plateau_factor after more than plateau_patience
-    checks without a relative improvement of PLATEAU_THRESHOLD (never below min_lr)."""
+    nearer to done), the peak held and a linear decay over the budget's last `warmdown` share (wsd), or a plateau
+    rule that multiplies the lr by plateau_factor after more than plateau_patience checks without a relative
+    improvement of PLATEAU_THRESHOLD (never below min_lr)."""
 
     def __init__(self, tc: TrainConfig):
         self.tc = tc
@@ -42,7 +43,12 @@ class LRSchedule:
             1.0,
             max(step / tc.max_steps if tc.max_steps else 0.0, elapsed_s / tc.max_seconds if tc.max_seconds else 0.0),
         )
-        shape = 0.5 * (1 + math.cos(math.pi * done)) if tc.lr_schedule == "cosine" else 1.0 - done
+        if tc.lr_schedule == "cosine":
+            shape = 0.5 * (1 + math.cos(math.pi * done))
+        elif tc.lr_schedule == "wsd":  # the peak until the last `warmdown` of the budget, then a straight line down
+            shape = min(1.0, (1.0 - done) / tc.warmdown)
+        else:
+            shape = 1.0 - done
         return tc.min_lr + (tc.lr - tc.min_lr) * shape
 
     def observe(self, val_loss: float, step: int) -> bool:
@@ -82,6 +88,8 @@ class LRSchedule:
                 if b
             )
             rule = f"{tc.lr_schedule} decay from {tc.lr:g} to {tc.min_lr:g} over {budget}"
+            if tc.lr_schedule == "wsd":
+                rule = f"{tc.lr:g} held, then linear decay to {tc.min_lr:g} over the last {tc.warmdown:.0%} of {budget}"
             other = "plateau"
         stop = (
             f"; early stop after {tc.early_stop_patience} checks without improvement" if tc.early_stop_patience else ""
