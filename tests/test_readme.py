@@ -62,3 +62,10 @@ def test_the_readme_lists_every_command():
     commands = set(get_command(app).commands)  # a click Group: the registered commands by name
     listed = set(re.findall(r"^\| `charlm ([a-z]+)\b", (REPO / "README.md").read_text(), re.M))
     assert len(commands) > 10 and listed == commands, (sorted(commands - listed), sorted(listed - commands))
+
+
+def test_the_readme_is_a_short_read_in_the_projects_width():
+    """A newcomer's page: at most 250 lines, none wider than the project's 120 columns (tables included)."""
+    lines = (REPO / "README.md").read_text(encoding="utf-8").splitlines()
+    wide = [f"README.md:{number}: {len(line)} columns" for number, line in enumerate(lines, 1) if len(line) > 120]
+    assert len(lines) <= 250 and not wide, (len(lines), wide)
