@@ -207,7 +207,7 @@ class TrainConfig:
         "linear decay to min_lr over the budget's last train.warmdown (warmup-stable-decay, Hu et al. 2024)",
     )
     warmdown: float = documented(
-        0.4, "wsd: the share of the budget (after warmup) over which the lr decays to min_lr", gt=0.0, le=1.0
+        0.4, "wsd: the share of the budget, at its end, over which the lr decays to min_lr", gt=0.0, le=1.0
     )
     grad_clip: float = documented(1.0, "clip the gradient norm to this value (0 = no clipping)", ge=0.0)
     label_smoothing: float = documented(
