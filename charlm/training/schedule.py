@@ -87,9 +87,10 @@ class LRSchedule:
                 )
                 if b
             )
-            rule = f"{tc.lr_schedule} decay from {tc.lr:g} to {tc.min_lr:g} over {budget}"
             if tc.lr_schedule == "wsd":
                 rule = f"{tc.lr:g} held, then linear decay to {tc.min_lr:g} over the last {tc.warmdown:.0%} of {budget}"
+            else:
+                rule = f"{tc.lr_schedule} decay from {tc.lr:g} to {tc.min_lr:g} over {budget}"
             other = "plateau"
         stop = (
             f"; early stop after {tc.early_stop_patience} checks without improvement" if tc.early_stop_patience else ""
