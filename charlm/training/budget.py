@@ -5,8 +5,9 @@ the depth sets the width (24 per layer, rounded up to whole heads of 32) and the
 scaled by 1/sqrt(width), nanochat's rule), and the compute per training character sets the regularisation (how many
 times the 4 x 96 reference model would go over the training split in the budget): dropout, kept out of the attention
 weights (there it costs a CPU the fused attention kernel, and at 10 minutes on tiny-shakespeare the residual stream's
-alone did better in the same time), and with it Muon's weight decay, which lowered the loss of 10 minutes on
-tiny-shakespeare on each of three seeds (docs/benchmarks.md, "Recipes for a time budget"). Over 5 minutes the context is
+alone did better in the same time), and Muon's weight decay: 0.3 without dropout, which lowered the 100 s default's
+loss, 0.1 beside it, which lowered the loss of 10 minutes on tiny-shakespeare on each of three seeds, and none on a
+text the run goes over twice at most (docs/benchmarks.md, "Recipes for a time budget"). Over 5 minutes the context is
 256 instead of 128, the batch halved to keep 2,048 characters a step; a corpus too small to hold a window of it in each
 split gets a shorter one. Everything else is configs/cpu.yaml's recipe, which the row for 100 s reproduces exactly.
 
@@ -71,18 +72,20 @@ REFERENCE_WIDTH = 96  # the width whose learning rates configs/cpu.yaml tuned
 # Characters a second of configs/cpu.yaml's recipe 4 layers deep on a 2-core CPU, for the epochs estimates only (the
 # dropout rows below were drawn with it).
 REFERENCE_DEPTH, REFERENCE_CHARS_PER_S = 4, 31_000.0
-# Dropout by the compute the budget holds per training character: how many times that 4 x 96 reference model would go
-# over the training split. The rule's model grows with the budget, so the figure counts both how often the text comes
-# round and how big a model meets it. None up to 12 (on tiny-shakespeare 2 minutes, 3.5 by it, and 5 minutes, 8.6,
-# did better without: docs/benchmarks.md), 0.1 up to 64 (10 minutes, 17, did better with it), then 0.2 as nanoGPT's
-# Shakespeare recipe has (an hour, 109).
-DROPOUT_BY_REFERENCE_EPOCHS = ((12.0, 0.0), (64.0, 0.1), (math.inf, 0.2))
-# Muon's decoupled weight decay wherever there is dropout: 0.1 beat none on each of three seeds at 10 minutes on
-# tiny-shakespeare, and 0.2 was no better than 0.1 (docs/benchmarks.md).
-MUON_WEIGHT_DECAY = 0.1
-# Start-up and the final validation pass come out of the budget: 7% of it (configs/cpu.yaml's 93 s of 100), at most
-# a minute.
-RESERVE_FRACTION, RESERVE_MAX_S = 0.07, 60.0
+# Regularisation by the compute the budget holds per training character: how many times that 4 x 96 reference model
+# would go over the training split. The rule's model grows with the budget, so the figure counts both how often the
+# text comes round and how big a model meets it. Each line: (up to this many, dropout, Muon's weight decay).
+# - Up to twice round, neither: a text seen whole once at most has little to learn by heart.
+# - Up to 12, no dropout (on tiny-shakespeare 2 minutes, 3.5 by it, and 5 minutes, 8.6, did better without) but Muon's
+#   weight decay 0.3: with 95 s of training instead of 93 it lowered the 100 s default's median by ~0.01 (~2.9 by it),
+#   and 0.1 and 1.0 did no better than none at equal steps.
+# - Up to 64, dropout 0.1 (10 minutes, 17, did better with it) and Muon's weight decay 0.1: that beat none on each of
+#   three seeds at 10 minutes on tiny-shakespeare, and 0.2 was no better.
+# - Beyond, dropout 0.2 as nanoGPT's Shakespeare recipe has (an hour, 109). All: docs/benchmarks.md.
+REGULARISATION_BY_REFERENCE_EPOCHS = ((2.0, 0.0, 0.0), (12.0, 0.0, 0.3), (64.0, 0.1, 0.1), (math.inf, 0.2, 0.1))
+# Start-up and the final validation pass come out of the budget: 5% of it (configs/cpu.yaml's 95 s of 100, where they
+# take ~4.5 s), at most a minute.
+RESERVE_FRACTION, RESERVE_MAX_S = 0.05, 60.0
 # The corpus size the rule's keys are checked with before the corpus is at hand (it may yet be downloaded): its shape
 # does not depend on it, and a smaller corpus only shortens the context and adds dropout.
 ANY_CORPUS_CHARS = 10**12
@@ -154,7 +157,7 @@ def recipe_for(
     context = kept.get("model.block_size", context_for(row, min(train_chars, val_chars or train_chars)))
     width = width_for(row.depth)
     scale = math.sqrt(REFERENCE_WIDTH / width)
-    dropout = dropout_for(reference_epochs(seconds, train_chars))
+    dropout, muon_weight_decay = regularisation_for(reference_epochs(seconds, train_chars))
     return {
         **FIXED,
         "model.n_layer": row.depth,
@@ -164,7 +167,7 @@ def recipe_for(
         "train.batch_size": max(1, CHARS_PER_STEP // context),
         "model.dropout": dropout,
         "model.attention_dropout": 0.0 if dropout else None,  # None: not set (a config's own, or model.dropout)
-        "train.muon_weight_decay": MUON_WEIGHT_DECAY if dropout else 0.0,
+        "train.muon_weight_decay": muon_weight_decay,
         "train.lr": _sig2(REFERENCE_LR * scale),
         "train.muon_lr": _sig2(REFERENCE_LR * scale),
         "train.head_lr": _sig2(REFERENCE_HEAD_LR * scale),
@@ -183,8 +186,9 @@ def context_for(row: Row, shortest_split: int) -> int:
     return context
 
 
-def dropout_for(epochs_of_reference: float) -> float:
-    return next(p for limit, p in DROPOUT_BY_REFERENCE_EPOCHS if epochs_of_reference <= limit)
+def regularisation_for(epochs_of_reference: float) -> tuple[float, float]:
+    """(dropout, Muon's weight decay) for this many epochs of the reference model."""
+    return next((p, wd) for limit, p, wd in REGULARISATION_BY_REFERENCE_EPOCHS if epochs_of_reference <= limit)
 
 
 def split_characters(config: Config) -> tuple[int, int]:
