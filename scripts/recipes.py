@@ -7,7 +7,7 @@ A recipe is NAME:SETTINGS, the settings being `section.key=value` items applied 
 default run). With --budget 10m every run is `charlm train --budget 10m`: a recipe's settings are kept over what the
 budget's rule picks, and a recipe with none is the rule's own pick (charlm/training/budget.py). A recipe's own
 `budget=10m` item gives that recipe alone the flag, so that the rule and the fixed recipe given the same time
-(`fixed:train.max_seconds=558`, the rule's share of 600 s) run in one invocation. Runs alternate (seed
+(`fixed:train.max_seconds=570`, the rule's share of 600 s) run in one invocation. Runs alternate (seed
 1: every recipe, seed 2: every recipe, ...) so that the machine's drift falls on all recipes alike. Each run's wall
 time is measured around `charlm train` (start-up and the final full validation pass included, as a user waits for
 them); its loss is the full validation pass of best.pt. With --record TITLE the table and the per-recipe median /

@@ -6,8 +6,9 @@ scaled by 1/sqrt(width), nanochat's rule), and the compute per training characte
 times the 4 x 96 reference model would go over the training split in the budget): dropout, kept out of the attention
 weights (there it costs a CPU the fused attention kernel, and at 10 minutes on tiny-shakespeare the residual stream's
 alone did better in the same time), and Muon's weight decay: 0.3 without dropout, which lowered the 100 s default's
-loss, 0.1 beside it, which lowered the loss of 10 minutes on tiny-shakespeare on each of three seeds, and none on a
-text the run goes over twice at most (docs/benchmarks.md, "Recipes for a time budget"). Over 5 minutes the context is
+loss, 0.1 beside it, which lowered the loss of 10 minutes on tiny-shakespeare on each of three seeds, and none where
+the reference would go over the text twice at most (docs/benchmarks.md, "Recipes for a time budget" and "Muon's weight
+decay and 95 s of training for the 3-layer default"). Over 5 minutes the context is
 256 instead of 128, the batch halved to keep 2,048 characters a step; a corpus too small to hold a window of it in each
 split gets a shorter one. Everything else is configs/cpu.yaml's recipe, which the row for 100 s reproduces exactly.
 
@@ -70,13 +71,14 @@ MIN_CONTEXT = 16  # the rule shortens its context for a tiny corpus no further; 
 HEAD_SIZE = 32  # configs/cpu.yaml's heads: RoPE needs it even, and fewer, wider heads cost the CPU's attention less
 REFERENCE_WIDTH = 96  # the width whose learning rates configs/cpu.yaml tuned
 # Characters a second of configs/cpu.yaml's recipe 4 layers deep on a 2-core CPU, for the epochs estimates only (the
-# dropout rows below were drawn with it).
+# regularisation rows below were drawn with it).
 REFERENCE_DEPTH, REFERENCE_CHARS_PER_S = 4, 31_000.0
 # Regularisation by the compute the budget holds per training character: how many times that 4 x 96 reference model
 # would go over the training split. The rule's model grows with the budget, so the figure counts both how often the
 # text comes round and how big a model meets it. Each line: (up to this many, dropout, Muon's weight decay).
-# - Up to twice round, neither: a text seen whole once at most has little to learn by heart.
-# - Up to 12, no dropout (on tiny-shakespeare 2 minutes, 3.5 by it, and 5 minutes, 8.6, did better without) but Muon's
+# - Up to twice round, neither: a text seen whole twice at most has little to learn by heart.
+# - Up to 12, no dropout (on tiny-shakespeare 2 minutes, 3.5 by it, and 5 minutes, 8.6, did better without; figures
+#   under the 7% reserve of then) but Muon's
 #   weight decay 0.3: with 95 s of training instead of 93 it lowered the 100 s default's median by ~0.01 (~2.9 by it),
 #   and 0.1 and 1.0 did no better than none at equal steps.
 # - Up to 64, dropout 0.1 (10 minutes, 17, did better with it) and Muon's weight decay 0.1: that beat none on each of
@@ -84,10 +86,10 @@ REFERENCE_DEPTH, REFERENCE_CHARS_PER_S = 4, 31_000.0
 # - Beyond, dropout 0.2 as nanoGPT's Shakespeare recipe has (an hour, 109). All: docs/benchmarks.md.
 REGULARISATION_BY_REFERENCE_EPOCHS = ((2.0, 0.0, 0.0), (12.0, 0.0, 0.3), (64.0, 0.1, 0.1), (math.inf, 0.2, 0.1))
 # Start-up and the final validation pass come out of the budget: 5% of it (configs/cpu.yaml's 95 s of 100, where they
-# take ~4.5 s), at most a minute.
+# took ~4.5 s on an AMD EPYC, up to ~7 s on an Intel Xeon), at most a minute.
 RESERVE_FRACTION, RESERVE_MAX_S = 0.05, 60.0
 # The corpus size the rule's keys are checked with before the corpus is at hand (it may yet be downloaded): its shape
-# does not depend on it, and a smaller corpus only shortens the context and adds dropout.
+# does not depend on it, and a smaller corpus only shortens the context and adds regularisation.
 ANY_CORPUS_CHARS = 10**12
 
 # configs/cpu.yaml's recipe apart from what the dial sets; a test checks that the 100 s row gives that file's values.
@@ -248,8 +250,8 @@ class BudgetRequest:
         return (
             f"budget {self.text}: {t.max_seconds:g} s of training; for {limit} (charlm/training/budget.py) "
             f"{layers} x {m.n_embd} wide, {m.n_head} heads, {context} x batch {t.batch_size}, dropout "
-            f"{m.dropout:g}{outside}{decay} (~{epochs:.0f} epochs of {chars:,} training characters; dropout by the "
-            f"{REFERENCE_DEPTH} x {REFERENCE_WIDTH} reference's ~{reference_epochs(self.seconds, chars):.0f}), "
+            f"{m.dropout:g}{outside}{decay} (~{epochs:.0f} epochs of {chars:,} training characters; regularisation by "
+            f"the {REFERENCE_DEPTH} x {REFERENCE_WIDTH} reference's ~{reference_epochs(self.seconds, chars):.0f}), "
             f"lr {t.lr:.2g}, evaluations every {t.eval_interval} steps{yours}"
         )
 
