@@ -78,9 +78,9 @@ REFERENCE_DEPTH, REFERENCE_CHARS_PER_S = 4, 31_000.0
 # text comes round and how big a model meets it. Each line: (up to this many, dropout, Muon's weight decay).
 # - Up to twice round, neither: a text seen whole twice at most has little to learn by heart.
 # - Up to 12, no dropout (on tiny-shakespeare 2 minutes, 3.5 by it, and 5 minutes, 8.6, did better without; figures
-#   under the 7% reserve of then) but Muon's
-#   weight decay 0.3: with 95 s of training instead of 93 it lowered the 100 s default's median by ~0.01 (~2.9 by it),
-#   and 5 minutes' by 0.034 (8.8); 0.1 and 1.0 did no better than none at 100 s's steps.
+#   under the 7% reserve of then) but Muon's weight decay 0.3: with 95 s of training instead of 93 it lowered the
+#   100 s default's median by ~0.01 (~2.9 by it), and 5 minutes' by 0.034 (8.8); 0.1 and 1.0 did no better than none
+#   at 100 s's steps.
 # - Up to 64, dropout 0.1 (10 minutes, 17, did better with it) and Muon's weight decay 0.1: that beat none on each of
 #   three seeds at 10 minutes on tiny-shakespeare, and 0.2 was no better.
 # - Beyond, dropout 0.2 as nanoGPT's Shakespeare recipe has (an hour, 109). All: docs/benchmarks.md.
