@@ -77,12 +77,14 @@ def test_notebook_model_has_the_notebooks_parameter_count_and_torch_initialisati
     assert float(model.head.weight.detach().abs().max()) <= bound and float(model.head.bias.detach().abs().max()) > 0
 
 
-def test_precedence_is_defaults_then_file_then_set_then_options(tmp_path):
+@pytest.mark.parametrize("base", ["", "base: defaults\n"])
+def test_precedence_is_defaults_then_file_then_set_then_options(tmp_path, base):
     f = tmp_path / "c.yaml"
-    f.write_text("model:\n  n_layer: 3\n  n_embd: 96\ntrain:\n  lr: 0.01\n  seed: 5\n")
+    f.write_text(base + "model:\n  n_layer: 5\n  n_embd: 96\ntrain:\n  lr: 0.01\n  seed: 5\n")
     c = load_config(f, ["train.lr=2e-3", "train.seed=6"], {"train.seed": ("--seed", 7)})
-    assert c.model.n_layer == 3  # file over default
-    assert c.model.n_head == Config().model.n_head  # default kept
+    assert c.model.n_layer == 5  # file over what it builds on
+    under = Config() if base else load_config("cpu")  # the built-in defaults, or the default recipe by default
+    assert c.model.n_head == under.model.n_head and c.train.optimizer == under.train.optimizer  # kept
     assert c.train.lr == 2e-3  # --set over file
     assert c.train.seed == 7  # option over --set
 

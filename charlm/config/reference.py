@@ -63,6 +63,10 @@ def reference_markdown() -> str:
         "(`--data`, `--device`, `--max-steps`, `--max-seconds`, `--seed`); later sources win in that order.",
         "`charlm config` prints the resolved configuration; `charlm config --keys` prints this table.",
         "",
+        "The defaults below are the built-in ones (what `base: defaults` builds on). `charlm train` without",
+        f"`--config`, and a config file without `base:`, start from configs/{DEFAULT_CONFIG}.yaml instead;",
+        "`charlm config --config FILE` shows every key's value and where it came from.",
+        "",
         _default_run_sentence(),
     ]
     section = None

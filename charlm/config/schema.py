@@ -1,6 +1,7 @@
 """Typed configuration: dataclasses with defaults, loaded from YAML and overrides, validated in one place.
 
-Precedence: dataclass defaults < YAML file < `--set section.key=value` < first-class CLI options.
+Precedence: dataclass defaults < the YAML files a config builds on (`base:`) < the YAML file < `--set section.key=value`
+< first-class CLI options.
 Every problem is collected and reported at once, each naming the dotted key the user typed.
 """
 
@@ -19,11 +20,14 @@ from charlm.config.sources import (  # noqa: F401  (re-exported: the config API 
     CONFIG_DIRS,
     Options,
     Setting,
+    chain_settings,
     file_settings,
     find_config,
+    option_settings,
     parse_set,
     read_yaml_file,
     shipped_config_names,
+    shown_path,
     suggestion,
 )
 from charlm.config.values import MAX_TEMPERATURE, coerce, describe_type, field_types, within_later_bounds
@@ -355,19 +359,20 @@ def setting_problem(s: Setting, values: dict[str, dict[str, Any]] | None = None)
 
 
 def load_config(path: str | Path | None, sets: Sequence[str] = (), options: Options | None = None) -> Config:
-    """The whole precedence chain: defaults < file < --set items < first-class options."""
-    settings: list[Setting] = []
-    errors: list[str] = []
-    if path is not None:
-        config_path = find_config(str(path))
-        found, errors = file_settings(read_yaml_file(config_path), str(config_path), SECTION_KEYS)
-        settings += found
+    """The whole precedence chain: defaults < the files a config builds on < the file < --set items < options."""
+    return traced_config(path, sets, options)[0]
+
+
+def traced_config(
+    path: str | Path | None, sets: Sequence[str] = (), options: Options | None = None
+) -> tuple[Config, list[Setting]]:
+    """load_config, with the settings it applied in order (the last one of a key gave its value)."""
+    settings, errors = chain_settings(str(path), DEFAULT_CONFIG, SECTION_KEYS) if path is not None else ([], [])
     from_file = len(settings)
-    settings += [parse_set(item) for item in sets]
-    settings += _option_settings(options or {})
+    settings += [parse_set(item) for item in sets] + option_settings(options or {})
     config = _build_reporting_all(settings, errors)
     raise_all(settle_given_splits(config, settings, from_file))
-    return config
+    return config, settings
 
 
 def _build_reporting_all(settings: list[Setting], errors: list[str]) -> Config:
@@ -380,15 +385,10 @@ def _build_reporting_all(settings: list[Setting], errors: list[str]) -> Config:
     return config
 
 
-def _option_settings(options: Options) -> list[Setting]:
-    """First-class CLI options; those not given (None) leave the key alone."""
-    return [Setting(key, value, flag) for key, (flag, value) in options.items() if value is not None]
-
-
 def explicit_settings(sets: list[str], options: Options) -> dict[str, Any]:
     """Only what the user gave on the command line, each value checked on its own: they meet the rest of a config
     later (a resumed run's, an --init-from source's model), where the keys that must agree are checked."""
-    settings = [parse_set(item) for item in sets] + _option_settings(options)
+    settings = [parse_set(item) for item in sets] + option_settings(options)
     values: dict[str, dict[str, Any]] = {name: {} for name in SECTIONS}
     raise_all([problem for s in settings if (problem := setting_problem(s, values))])
     return {s.key: values[s.key.split(".")[0]][s.key.split(".")[1]] for s in settings}

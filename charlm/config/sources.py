@@ -1,4 +1,5 @@
-"""Config files and overrides: finding a shipped config by name, reading YAML safely, parsing `--set key=value`.
+"""Config files and overrides: finding a shipped config by name, reading YAML safely, following a file's `base:`
+chain, parsing `--set key=value`.
 
 Nothing here knows the keys (file_settings is handed the sections' names): charlm/config/schema.py applies and
 validates what these functions read.
@@ -25,9 +26,18 @@ CONFIG_DIRS = (_PACKAGE_DIR.parent / "configs", _PACKAGE_DIR / "_configs")
 # ---------------------------------------------------------------------------- finding and reading
 
 
+# A config file's one top-level key that is not a section: the config it builds on. `base: defaults` builds on the
+# schema's own defaults (what every key means when nothing sets it); a file without `base:` builds on the default
+# recipe (schema.DEFAULT_CONFIG), so that a user's two-key file changes two keys of what `charlm train` runs.
+BASE_KEY = "base"
+SCHEMA_DEFAULTS = "defaults"
+
+
 def find_config(name_or_path: str) -> Path:
-    """A path as given, or the name of a shipped config ("cpu", "tiny.yaml")."""
+    """A path as given (a run folder: its config.yaml), or the name of a shipped config ("cpu", "tiny.yaml")."""
     path = Path(name_or_path)
+    if path.is_dir() and (path / "config.yaml").is_file():
+        return path / "config.yaml"
     if path.exists():
         return path
     stem = path.name[:-5] if path.name.endswith(".yaml") else path.name
@@ -75,12 +85,30 @@ def load_yaml(text: str) -> Any:
     return yaml.load(text, Loader=UniqueKeyLoader)
 
 
+def shown_path(path: Path) -> str:
+    """How messages name a config file: a shipped one as configs/NAME.yaml, another as given."""
+    if any(path.resolve().parent == folder.resolve() for folder in CONFIG_DIRS):
+        return f"configs/{path.name}"
+    return str(path)
+
+
+def is_pickle(head: bytes) -> bool:
+    """A checkpoint (torch's zip archive) or a bare pickle (protocol 2-5): never read as a config."""
+    return head.startswith(b"PK\x03\x04") or (len(head) > 1 and head[0] == 0x80 and 2 <= head[1] <= 5)
+
+
 def read_yaml_file(path: Path) -> dict[str, Any]:
     """Parse a config file with load_yaml (never executed); it must hold a mapping."""
     if path.is_dir():
         raise UsageError(f"config path is a directory, not a YAML file: {path}")
     try:
-        raw = load_yaml(path.read_text(encoding="utf-8"))
+        data = path.read_bytes()
+        if is_pickle(data[:4]):
+            raise UsageError(
+                f"{path} is a checkpoint or pickle, not a YAML config (configs are read as YAML only, never "
+                "unpickled): name the run's config.yaml, or its run folder"
+            )
+        raw = load_yaml(data.decode("utf-8"))
     except UnicodeDecodeError as e:
         raise UsageError(f"config file {path} is not UTF-8 text (bad byte at offset {e.start})") from e
     except yaml.YAMLError as e:
@@ -95,6 +123,64 @@ def read_yaml_file(path: Path) -> dict[str, Any]:
     if not isinstance(raw, dict):
         raise UsageError(f"config file {path} must hold a mapping of sections (data, model, train, sample)")
     return raw
+
+
+@dataclass
+class ConfigFile:
+    """One file of a config's chain: its sections (the `base:` key taken out) and how messages name it."""
+
+    path: Path
+    sections: dict[str, Any]
+    shown: str
+
+
+def config_chain(name_or_path: str, default_recipe: str) -> list[ConfigFile]:
+    """The config a user names and every config it builds on, the root first: the settings of each later file
+    change those of the earlier ones. A file without `base:` builds on `default_recipe` (unless it is that file)."""
+    chain: list[ConfigFile] = []
+    path, recipe = find_config(name_or_path), find_config(default_recipe).resolve()
+    while True:
+        if path.resolve() in [f.path.resolve() for f in chain]:
+            loop = " -> ".join([*(f.shown for f in reversed(chain)), shown_path(path)])
+            raise UsageError(f"config files build on each other in a cycle: {loop}; remove one of their `base:` keys")
+        sections = read_yaml_file(path)
+        base = sections.pop(BASE_KEY, SCHEMA_DEFAULTS if path.resolve() == recipe else default_recipe)
+        chain.insert(0, ConfigFile(path, sections, shown_path(path)))
+        if base == SCHEMA_DEFAULTS:
+            return chain
+        path = find_base(base, path)
+
+
+def chain_settings(
+    name_or_path: str, default_recipe: str, sections: Mapping[str, list[str]]
+) -> tuple[list[Setting], list[str]]:
+    """The settings of a config file and of every file it builds on, the root's first, with the problems found."""
+    settings: list[Setting] = []
+    errors: list[str] = []
+    for f in config_chain(name_or_path, default_recipe):
+        found, problems = file_settings(f.sections, f.shown, sections)
+        settings, errors = settings + found, errors + problems
+    return settings, errors
+
+
+def find_base(base: Any, naming: Path) -> Path:
+    """The file a `base:` value names: a path beside the naming file or from the current folder, a run folder (its
+    config.yaml), or a shipped config's name."""
+    where = shown_path(naming)
+    if not isinstance(base, str) or not base.strip():
+        raise UsageError(
+            f"{where}: base must name the config this one builds on (a shipped name such as cpu, a path, a run "
+            f"folder, or '{SCHEMA_DEFAULTS}' for the built-in defaults), got {base!r}"
+        )
+    beside = naming.parent / base
+    try:
+        return find_config(str(beside) if beside.exists() and not Path(base).is_absolute() else base)
+    except UsageError:
+        shipped = ", ".join(shipped_config_names())
+        raise UsageError(
+            f"{where}: its base '{base}' was not found beside it, in the current folder or among the shipped configs "
+            f"({shipped}); fix the name or path, or write base: {SCHEMA_DEFAULTS} for the built-in defaults"
+        ) from None
 
 
 # ---------------------------------------------------------------------------- overrides
@@ -135,6 +221,11 @@ def _yaml_float(value: Any) -> Any:
         except ValueError:
             return value
     return value
+
+
+def option_settings(options: Options) -> list[Setting]:
+    """First-class CLI options; those not given (None) leave the key alone."""
+    return [Setting(key, value, flag) for key, (flag, value) in options.items() if value is not None]
 
 
 def suggestion(word: str, options: list[str], prefix: str = "") -> str:

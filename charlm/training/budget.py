@@ -271,14 +271,13 @@ def plan_budget(text: str, config_file: str | None, sets: list[str], options: cf
         raise UsageError(
             f"--budget {text} sets train.max_seconds, and {user_keys['train.max_seconds']} gives it too; keep one"
         )
-    # A config the user chose: its keys are theirs, but for the limits the budget owns. The default config's are not:
-    # the rule's 100 s row is that recipe, so naming it (as charlm.train does) changes nothing.
-    default = cfg.find_config(cfg.DEFAULT_CONFIG).resolve()
-    if config_file is not None and cfg.find_config(config_file).resolve() != default:
-        raw = cfg.read_yaml_file(cfg.find_config(config_file))
-        settings, _ = cfg.file_settings(raw, config_file, cfg.SECTION_KEYS)
-        for s in settings:
-            if s.key not in ("train.max_seconds", "train.max_steps"):
+    # A config the user chose: its keys, and those of the configs it builds on, are theirs, but for the limits the
+    # budget owns. The default recipe's are not: the rule's 100 s row is that recipe, so naming it (as charlm.train
+    # does) or building on it changes only what the user's own files set.
+    if config_file is not None:
+        recipe = cfg.shown_path(cfg.find_config(cfg.DEFAULT_CONFIG))
+        for s in cfg.chain_settings(config_file, cfg.DEFAULT_CONFIG, cfg.SECTION_KEYS)[0]:
+            if s.source != recipe and s.key not in ("train.max_seconds", "train.max_steps"):
                 user_keys.setdefault(s.key, s.source)
     base = _check_with_rule(text, seconds, config_file, sets, options, user_keys)
     run_family = family_for(base)
