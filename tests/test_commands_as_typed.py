@@ -52,6 +52,18 @@ def test_sample_and_eval_without_a_checkpoint_use_the_newest_run_and_say_so(two_
     assert "runs/new/best.pt" in run_cli("info", cwd=two_runs, check=True).stderr
 
 
+def test_a_sweeps_trial_is_never_the_default_checkpoint(two_runs, tmp_path):
+    work = shutil.copytree(two_runs, tmp_path / "work")
+    trial = work / "runs" / "shape" / "trial-000"  # where charlm sweep writes its trials, newer than every run
+    shutil.copytree(work / "runs" / "old", trial)
+    evaluated = run_cli("eval", "--json", cwd=work, check=True)
+    assert evaluated.stderr.strip() == f"using {os.path.join('runs', 'new', 'best.pt')} (newest run)"
+    shutil.rmtree(work / "runs" / "new")
+    shutil.rmtree(work / "runs" / "old")  # only the trial is left: charlm says how to name it
+    missing = run_cli("eval", cwd=work)
+    assert_one_line_error(missing, 2, "no checkpoint given and none found under runs/*/")
+
+
 def test_a_run_folder_stands_for_its_best_checkpoint(two_runs):
     folder = run_cli("eval", "runs/old", "--json", cwd=two_runs, check=True)
     file = run_cli("eval", "runs/old/best.pt", "--json", cwd=two_runs, check=True)

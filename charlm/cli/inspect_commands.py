@@ -65,7 +65,7 @@ def info(
     if checkpoint is not None and (config is not None or set_ or vocab_size is not None):
         raise UsageError("give a checkpoint or --config/--set/--vocab-size, not both (a checkpoint has its vocabulary)")
     by_config = config is not None or set_ or vocab_size is not None
-    if checkpoint is None and not by_config and any(RUNS_DIR.glob("**/best.pt")):
+    if checkpoint is None and not by_config and any(RUNS_DIR.glob("*/best.pt")):
         checkpoint = str(checkpoint_path(None))
     if checkpoint is not None:
         ckpt = load_model_file(checkpoint)
@@ -313,7 +313,10 @@ def config_(
     ] = False,
     keys: Annotated[bool, typer.Option("--keys", help="List every key with its type, default and meaning.")] = False,
 ) -> None:
-    """Print the configuration a `charlm train` with the same --config/--set would use (every key, resolved)."""
+    """Print the configuration a `charlm train` with the same --config/--set would use, and where each key came from.
+
+    Every key, resolved, as YAML: after each, the built-in default, the config file or the --set that gave its value.
+    """
     from charlm.config import schema as cfg
 
     if keys:
@@ -324,4 +327,8 @@ def config_(
 
         print_config_keys(key_reference())
         return
-    sys.stdout.write(cfg.load_config(config or cfg.DEFAULT_CONFIG, set_ or []).to_yaml())
+    from charlm.config.origins import annotated_yaml, chain_names, key_origins
+
+    name = config or cfg.DEFAULT_CONFIG
+    resolved, origins = key_origins(name, set_ or [])
+    sys.stdout.write(annotated_yaml(resolved, origins, chain_names(name)))

@@ -135,12 +135,13 @@ class Checkpoint:
 
 
 def newest_checkpoint(runs_dir: Path = RUNS_DIR) -> Path:
-    """The most recently written best.pt under runs_dir: what `charlm sample` and `eval` use when given none."""
-    found = [p for p in runs_dir.glob("**/best.pt") if p.is_file()] if runs_dir.is_dir() else []
+    """The most recently written runs_dir/*/best.pt: what `charlm sample` and `eval` use when given none. One level
+    down only: a sweep's trials (runs/SWEEP/trial-NNN/) are candidates of a search, never picked unasked."""
+    found = [p for p in runs_dir.glob("*/best.pt") if p.is_file()] if runs_dir.is_dir() else []
     if not found:
         raise UsageError(
-            f"no checkpoint given and none found under {runs_dir}/: train one with `charlm train`, "
-            "or pass a checkpoint file or run folder (e.g. runs/cpu/best.pt)"
+            f"no checkpoint given and none found under {runs_dir}/*/: train one with `charlm train`, "
+            "or pass a checkpoint file or run folder (e.g. runs/cpu/best.pt; a sweep's trial: runs/SWEEP/trial-000)"
         )
     return max(found, key=lambda p: p.stat().st_mtime)
 
