@@ -187,20 +187,110 @@ def test_sample_prints_whole_items_with_their_log_likelihoods(lines_run):
     assert [line[:2] for line in prefixed.stdout.splitlines()] == ["el"] * 5
 
 
-def test_novel_never_prints_a_training_item(lines_run):
+def counts_line(result: dict) -> str:
+    """The line on stderr that counts a sample's draws, as the JSON gives them."""
+    return (
+        f"{result['sampled']} samples: {result['training']} in training, {result['held_out']} held out "
+        f"(validation/test), {result['new']} new"
+    )
+
+
+def test_novel_prints_only_items_in_no_split_and_draws_until_it_has_enough(lines_run):
     from charlm.api.model import load
 
     model = load(lines_run, "cpu")
-    seen = LineCorpus.from_config(model.config.data, BLOCK, model.tokenizer).texts("train")
+    corpus = LineCorpus.from_config(model.config.data, BLOCK, model.tokenizer)
+    seen = corpus.texts("train") | corpus.texts("val")
     args = ("sample", lines_run, "--num-samples", "200", "--seed", "3", "--temperature", "0.5")
     every = [row["text"] for row in json.loads(run_cli(*args, "--json", check=True).stdout)["items"]]
     novel = json.loads(run_cli(*args, "--json", "--novel", check=True).stdout)
     kept = [row["text"] for row in novel["items"]]
-    assert any(text in seen for text in every)  # the model does make training items: the filter has work to do
-    assert kept == [text for text in every if text not in seen] and not set(kept) & seen
-    assert novel["new"] == len(kept) and novel["new_share"] == pytest.approx(len(kept) / 200)
+    assert any(text in seen for text in every)  # the model does make the list's items: the filter has work to do
+    first = [text for text in every if text not in seen]  # the first 200 draws are the same: then more are drawn
+    assert len(kept) == 200 and kept[: len(first)] == first and not set(kept) & seen
+    assert novel["new"] == 200 and novel["training"] + novel["held_out"] + novel["new"] == novel["sampled"] > 200
     printed = run_cli(*args, "--novel", check=True)
-    assert printed.stdout.splitlines() == kept and f"{len(kept)} of 200 items are new" in printed.stderr
+    assert printed.stdout.splitlines() == kept and counts_line(novel) in printed.stderr
+
+
+# A list whose every item is made of a and b, up to 3 long: the model makes its held-out items as readily as its
+# training items (they are all alike), and a 3-long item beginning with b is in no file: it is new.
+AB_ITEMS = ["a", "b", "aa", "ba", "bb", "aaa", "aab", "aba"]  # data.path: 2 of them held out for validation
+AB_TEST = ["ab", "abb"]  # data.test_path
+AB_RUN = {"data.format": "lines", "model.block_size": 4, "train.lr": 0.01, "data.val_size": 2}
+
+
+@pytest.fixture(scope="module")
+def ab_run(tmp_path_factory):
+    """A lines model of AB_ITEMS, its validation split carved from them and its test split given as a file."""
+    folder = tmp_path_factory.mktemp("ab")
+    (folder / "ab.txt").write_text("\n".join(AB_ITEMS) + "\n")
+    (folder / "test.txt").write_text("\n".join(AB_TEST) + "\n")
+    sets = {**AB_RUN, "data.test_path": folder / "test.txt"}
+    run_cli(*train_cli(folder / "ab.txt", folder / "run", steps=60, quiet=True, sets=sets), check=True)
+    return folder / "run"
+
+
+def ab_splits(run) -> tuple[set[str], set[str]]:
+    """The run's training items and its held-out ones (validation and test), read by hand."""
+    from charlm.api.model import load
+
+    model = load(run, "cpu")
+    corpus = LineCorpus.from_config(model.config.data, 4, model.tokenizer)
+    return corpus.texts("train"), corpus.texts("val") | set(AB_TEST)
+
+
+def test_sample_counts_training_held_out_and_new_and_novel_leaves_out_every_split(ab_run):
+    train, held_out = ab_splits(ab_run)
+    assert len(train) == 6 and len(held_out) == 4  # the validation split carved from the list, the test file given
+    args = ("sample", ab_run, "--num-samples", "40", "--seed", "1", "--temperature", "1.5")
+    drawn = json.loads(run_cli(*args, "--json", check=True).stdout)
+    texts = [row["text"] for row in drawn["items"]]
+    by_hand = {
+        "training": sum(t in train for t in texts),
+        "held_out": sum(t in held_out for t in texts),
+        "new": sum(t not in train | held_out for t in texts),
+    }
+    assert {key: drawn[key] for key in by_hand} == by_hand and drawn["sampled"] == sum(by_hand.values()) == 40
+    assert by_hand["held_out"] and by_hand["new"]  # held-out items are drawn: --novel must leave them out too
+    assert counts_line(drawn) in run_cli(*args, check=True).stderr
+    novel = json.loads(run_cli(*args, "--novel", "--json", check=True).stdout)
+    kept = [row["text"] for row in novel["items"]]
+    assert len(kept) == 40 and not set(kept) & (train | held_out)
+    assert kept[: by_hand["new"]] == [t for t in texts if t not in train | held_out]
+    assert novel["training"] + novel["held_out"] + novel["new"] == novel["sampled"] and novel["new"] == 40
+
+
+def test_novel_gives_up_in_one_line_when_no_draw_is_new(ab_run):
+    """Every item beginning with a and at most 3 long is in one of the run's files: no draw can be new."""
+    result = run_cli("sample", ab_run, "--prompt", "a", "--max-new-tokens", "2", "--num-samples", "2", "--novel")
+    assert result.returncode == 1 and result.stdout == "" and "Traceback" not in result.stderr
+    said = [line for line in result.stderr.splitlines() if line.strip()]
+    assert said[0].startswith("100 samples: ") and said[0].endswith(" 0 new (only the new printed)")
+    assert said[1].startswith("error: only 0 of the 2 new items asked for in 100 samples") and len(said) == 2
+
+
+def test_a_given_validation_file_is_held_out_and_a_file_gone_is_said(ab_run, tmp_path):
+    """A run whose validation items come from their own file: --novel never prints one. Its files gone: said in one
+    line, new then measured against what is left, and --novel refused when nothing is."""
+    args = ("--num-samples", "20", "--seed", "1", "--temperature", "1.5")
+    made = [row["text"] for row in json.loads(run_cli("sample", ab_run, *args, "--novel", "--json").stdout)["items"]]
+    favourite = max(filter(None, made), key=made.count)  # the new item made most often (an empty line is no item)
+    (tmp_path / "val.txt").write_text(f"{favourite}\n")
+    state = torch.load(ab_run / "best.pt", weights_only=True)
+    state["config"]["data"] |= {"val_path": str(tmp_path / "val.txt"), "test_path": str(tmp_path / "gone.txt")}
+    torch.save(state, tmp_path / "given.pt")
+    result = run_cli("sample", tmp_path / "given.pt", *args, "--novel", "--json", check=True)
+    counted = json.loads(result.stdout)
+    assert favourite not in {row["text"] for row in counted["items"]} and counted["held_out"] > 0
+    assert f"data.test_path {tmp_path / 'gone.txt'} not found: new means not in the training split of " in result.stderr
+    assert f"the validation file {tmp_path / 'val.txt'}" in result.stderr
+    state["config"]["data"] |= {"path": str(tmp_path / "gone-list.txt"), "val_path": ""}
+    torch.save(state, tmp_path / "gone.pt")
+    refused = run_cli("sample", tmp_path / "gone.pt", "--novel")
+    assert_one_line_error(refused, 2, "--novel", "none is still there", "gone-list.txt")
+    plain = run_cli("sample", tmp_path / "gone.pt", *args, check=True)
+    assert len(plain.stdout.splitlines()) == 20 and "samples not compared with the run's items" in plain.stderr
 
 
 def test_a_prompt_with_characters_the_model_never_saw_is_refused_by_name(lines_run):

@@ -1,6 +1,6 @@
-"""What the command line does with a lines model (data.format lines): `charlm sample`'s whole items, `--novel`, and
-`charlm score`, which gives each line of a file its log-likelihood so that candidates can be ranked. Parsing and
-messages only; registered on the app in charlm/cli/app.py."""
+"""What the command line does with a lines model (data.format lines): `charlm sample`'s whole items, how many were
+new, `--novel`, and `charlm score`, which gives each line of a file its log-likelihood so that candidates can be
+ranked. Parsing and messages only; registered on the app in charlm/cli/app.py."""
 
 from __future__ import annotations
 
@@ -19,34 +19,59 @@ from charlm.cli.support import (
     print_json,
     write_flushed,
 )
-from charlm.errors import UsageError
+from charlm.errors import UsageError, WorkError
 from charlm.progress import stderr_console
 
 
 def print_items(model: Any, prompt: str, options: Any, novel: bool, json_out: bool, stream: bool, unknown: Any,
                 replace_with: str | None) -> None:  # fmt: skip
     """`charlm sample` on a lines model: one item per line (each ended by the model's end symbol), or one JSON
-    object; with --novel only the items that are not training items, and the share that were new on stderr."""
+    object; on stderr how many samples were training items, held-out items and new (with --novel only the new are
+    printed, drawn until there are --num-samples of them)."""
+    from charlm.families.lines import MOST_DRAWS, draw_items, run_items
+
     if stream and not novel and not json_out and options.num_samples == 1:
         prefix = model.encode_prompt(prompt, unknown, replace_with)
         write_flushed(model.tokenizer.decode(prefix))
-        model.sample(prefix, options, on_text=write_flushed)
+        sample = model.sample(prefix, options, on_text=write_flushed)
         sys.stdout.write("\n")
-        return
-    from charlm.families.lines import draw_items
-
+        return say_counts(run_items(model).counts(sample.samples), novel, [])
     result = draw_items(model, prompt, options, novel, unknown, replace_with)
     if json_out:
-        return print_json(result)
-    sys.stdout.writelines(row["text"] + "\n" for row in result["items"])
-    capped = sum(row["ended"] == "length" for row in result["items"])
-    notes = [f"{capped} reached the length cap before the end symbol"] if capped else []
-    if novel:
-        seen = result["sampled"] - result["new"]
-        left_out = f"{seen} were training items, left out" if seen else "none was a training item"
-        notes.insert(
-            0, f"{result['new']} of {result['sampled']} items are new ({100 * result['new_share']:.0f}%); {left_out}"
+        print_json(result)
+        say_missing(result)
+    else:
+        sys.stdout.writelines(row["text"] + "\n" for row in result["items"])
+        capped = sum(row["ended"] == "length" for row in result["items"])
+        say_counts(result, novel, [f"{capped} reached the length cap before the end symbol"] if capped else [])
+    if novel and len(result["items"]) < options.num_samples:
+        raise WorkError(
+            f"only {result['new']} of the {options.num_samples} new items asked for in {result['sampled']} samples "
+            f"(at most {MOST_DRAWS} per item asked for): most of its samples are items of the run's files; "
+            "raise --temperature or ask for fewer"
         )
+
+
+def say_missing(result: dict[str, Any]) -> None:
+    """On stderr, in one line: the run's files no longer there and what new is then measured against."""
+    if "unchecked" in result:
+        stderr_console().print(f"samples not compared with the run's items: {result['unchecked']}", markup=False)
+    elif "missing" in result:
+        against = " or ".join(result["against"])
+        stderr_console().print(f"{'; '.join(result['missing'])} not found: new means not in {against}", markup=False)
+
+
+def say_counts(result: dict[str, Any], novel: bool, notes: list[str]) -> None:
+    """On stderr: the run's files no longer there, then how many samples were training items, held-out items and
+    new, and `notes`."""
+    say_missing(result)
+    if "new" in result:
+        n, left_out = result["sampled"], result["sampled"] > result["new"]
+        counts = (
+            f"{n} sample{'s' * (n != 1)}: {result['training']} in training, {result['held_out']} held out "
+            f"(validation/test), {result['new']} new" + (" (only the new printed)" if novel and left_out else "")
+        )
+        notes = [counts, *notes]
     if notes:
         stderr_console().print("; ".join(notes), markup=False)
 

@@ -115,7 +115,9 @@ def sample_(
         bool,
         typer.Option(
             "--novel",
-            help="A lines model: print only items that are not in its training split, and the share that were new.",
+            help="A lines model: print only new items, in none of the run's files (training, validation and test "
+            "splits), drawing until there are --num-samples of them; stderr counts the samples in training, held out "
+            "and new.",
         ),
     ] = False,
 ) -> None:
@@ -124,7 +126,8 @@ def sample_(
     An encoder-decoder rewrites the prompt instead (greedy, or --beam N): --prompt SOURCE prints its target;
     --prompt-file FILE (- for standard input) rewrites every line and prints source<TAB>target lines. A lines model
     (data.format lines) makes --num-samples whole items, one per line, each ended by its end symbol; --prompt begins
-    each item (default: nothing), --max-new-tokens is only a cap, and --json lists the items with their log-likelihoods.
+    each item (default: nothing), --max-new-tokens is only a cap, and --json lists the items with their log-likelihoods;
+    stderr (and --json) counts the samples in the run's training split, held out (validation/test) and new.
     """
     needs_torch()
     from charlm.api.model import load

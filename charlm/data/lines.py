@@ -10,13 +10,16 @@ file), then the validation and test items are taken from the end, as the pairs f
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from charlm.config.schema import DataConfig
-from charlm.data.corpus import IGNORE, read_text
+from charlm.data.corpus import IGNORE, for_file, read_text
 from charlm.data.records import MODEL_FIX, RecordSplits, refuse_or_skip
 from charlm.data.tokenizer import (
     BOS,
@@ -158,6 +161,66 @@ class LineCorpus(RecordSplits[Item]):
         """The items of a split as strings (what `charlm sample --novel` compares with)."""
         decode = self.tokenizer.decode
         return {decode(item) for item in self.split(name)}
+
+
+GIVEN = ("val", "test")  # the splits a run may be given as their own files (data.val_path, data.test_path)
+
+
+@dataclass
+class KnownItems:
+    """The items of every file a run was trained, validated and tested on, as strings: a new item is in none."""
+
+    train: set[str]
+    held_out: set[str]  # the validation and test items, carved from data.path or given as their own files
+    read: list[str]  # what was read, as messages name it
+    gone: list[str]  # the run's files no longer on disk, as messages name them
+    unchecked: str = ""  # why none could be read, when that was not for want of files
+
+    def kind(self, text: str) -> str:
+        """Which the text is: one of "training", "held_out" and "new"."""
+        return "training" if text in self.train else "held_out" if text in self.held_out else "new"
+
+    def counts(self, texts: list[str]) -> dict[str, Any]:
+        """{"sampled"}, and unless no file could be read, how many texts are "training" items, "held_out" items
+        (validation, test) and "new" (in no file), "new_share" and "against" (what was read); "missing" names the
+        files no longer on disk, "unchecked" says why nothing was compared."""
+        out: dict[str, Any] = {"sampled": len(texts)}
+        if self.read:
+            kinds = [self.kind(text) for text in texts]
+            out |= {kind: kinds.count(kind) for kind in ("training", "held_out", "new")}
+            out |= {"new_share": out["new"] / max(len(texts), 1), "against": self.read}
+        if self.gone:
+            out["missing"] = self.gone
+        if not self.read:
+            out["unchecked"] = self.unchecked or f"{'; '.join(self.gone)} not found"
+        return out
+
+
+def known_items(data: DataConfig, block_size: int, tokenizer: Tokenizer) -> KnownItems:
+    """The items of a run's files, read as training read them: data.path cut into its splits by LineCorpus, each given
+    split file whole (its items with characters the model never saw left out: the model cannot make them). A file no
+    longer on disk is left out and named in `gone`."""
+    paths = {"data.path": data.path, **{f"data.{split}_path": getattr(data, f"{split}_path") for split in GIVEN}}
+    gone = [f"{name} {path}" for name, path in paths.items() if path and not Path(path).exists()]
+    known = KnownItems(set(), set(), [], gone)
+    given = [split for split in GIVEN if getattr(data, f"{split}_path")]
+    if Path(data.path).exists():
+        # a given split takes nothing from data.path; left out with its sizes, data.path is cut where training cut it
+        blank: tuple[tuple[str, Any], ...] = (("path", ""), ("size", 0), ("fraction", 0.0))
+        unset = {f"{split}_{key}": value for split in given for key, value in blank}
+        corpus = LineCorpus.from_config(dataclasses.replace(data, **unset), block_size, tokenizer)
+        known.train = corpus.texts("train")
+        known.held_out = corpus.texts("val") | (corpus.texts("test") if corpus.test else set())
+        splits = ["training"] + [name for name, items in (("validation", corpus.val), ("test", corpus.test)) if items]
+        named = " and ".join([", ".join(splits[:-1]), splits[-1]] if len(splits) > 1 else splits)
+        known.read.append(f"the {named} split{'s' * (len(splits) > 1)} of {data.path}")
+    for split in given:
+        path = getattr(data, f"{split}_path")
+        if Path(path).exists():
+            whole = LineCorpus.from_config(for_file(data, path, "all"), block_size, tokenizer, unknown="skip")
+            known.held_out |= whole.texts("all")
+            known.read.append(f"the {'validation' if split == 'val' else split} file {path}")
+    return known
 
 
 def frame(items: list[Item], device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:

@@ -2,7 +2,8 @@
 beginning) and ends when the model draws the end symbol; max_new_tokens and the context are only caps.
 
 The draw is the one sampler's (temperature, top-k, top-p, a seeded generator), with the padding and start symbols
-never drawn: an item holds characters only.
+never drawn: an item holds characters only. `sample_until` draws batch after batch until enough items pass a test
+(`charlm sample --novel`: items in none of the run's files).
 """
 
 from __future__ import annotations
@@ -117,3 +118,29 @@ def sample_items(
     seconds = time.perf_counter() - started
     start = tokenizer.decode(prefix)
     return ItemDraws([DrawnItem(start + "".join(t), e) for t, e in zip(texts, ended, strict=True)], drawn, seconds)
+
+
+def sample_until(
+    model: GPT,
+    tokenizer: Tokenizer,
+    frame: ItemFrame,
+    prefix: list[int],
+    options: DecodeOptions,
+    keep: Callable[[str], bool],
+    most: int,
+) -> ItemDraws:
+    """Items drawn options.num_samples at a time (seeds options.seed, options.seed + 1, ...) until options.num_samples
+    of them are kept by `keep`, or `most` have been drawn: the draws in order, up to the one that made the count (all
+    of them when none did)."""
+    items: list[DrawnItem] = []
+    drawn, seconds, kept, batch = 0, 0.0, 0, 0
+    while len(items) < most:
+        seed = None if options.seed is None else options.seed + batch
+        draws = sample_items(model, tokenizer, frame, prefix, options.with_(seed=seed))
+        drawn, seconds, batch = drawn + draws.drawn, seconds + draws.seconds, batch + 1
+        for item in draws.items:
+            items.append(item)
+            kept += keep(item.text)
+            if kept == options.num_samples:
+                return ItemDraws(items, drawn, seconds)
+    return ItemDraws(items, drawn, seconds)

@@ -13,10 +13,19 @@ from torch import nn
 
 from charlm.config.schema import Config, ModelConfig
 from charlm.data.corpus import decode_utf8, for_file, same_path, split_file
-from charlm.data.lines import LineBatches, LineCorpus, check_items, encode_items, item_room, numbered_items
+from charlm.data.lines import (
+    KnownItems,
+    LineBatches,
+    LineCorpus,
+    check_items,
+    encode_items,
+    item_room,
+    known_items,
+    numbered_items,
+)
 from charlm.data.tokenizer import BOS, EOS, PAD, SPECIAL_CHARS, SPECIAL_CODES, UnknownPolicy, refuse_special_replacement
 from charlm.decoding.generate import SampleResult
-from charlm.decoding.items import ItemFrame, sample_items
+from charlm.decoding.items import ItemFrame, sample_items, sample_until
 from charlm.decoding.options import DecodeOptions
 from charlm.errors import UsageError, shell_path
 from charlm.evaluation.items import ItemsResult, item_logprobs, items_total, score_items
@@ -255,6 +264,9 @@ def score_lines(
     return result
 
 
+MOST_DRAWS = 50  # --novel gives up after this many draws per item asked for
+
+
 def draw_items(
     loaded: Loaded,
     prompt: str,
@@ -264,14 +276,19 @@ def draw_items(
     replace_with: str | None = None,
 ) -> dict[str, Any]:
     """charlm sample on a lines model: options.num_samples items, each with its log-likelihood (items cut by a stop
-    string or a cap have none); `novel` keeps those that are not training items and says what share was new."""
+    string or a cap have none), and how many of the draws were training items, held-out items (validation, test) and
+    new (KnownItems.counts); `novel` draws until options.num_samples items are new, at most MOST_DRAWS per item asked
+    for, and keeps only those (fewer when the draws ran out)."""
     family = loaded.family
     module, frame = family.as_lines(loaded), family.item_frame(loaded)  # another family is refused in one line
     prefix = family.encode_prompt(loaded, prompt, unknown, replace_with)
-    seen = training_items(loaded) if novel else set()
-    draws = sample_items(module, loaded.tokenizer, frame, prefix, options)
-    whole = [i for i, item in enumerate(draws.items) if item.ended == "end"]
-    ids = [loaded.tokenizer.encode(draws.items[i].text) for i in whole]
+    known = run_items(loaded, novel)
+    keep = (lambda text: known.kind(text) == "new") if novel else (lambda text: True)
+    most = options.num_samples * (MOST_DRAWS if novel else 1)
+    draws = sample_until(module, loaded.tokenizer, frame, prefix, options, keep, most)
+    kept = [item for item in draws.items if keep(item.text)]
+    whole = [i for i, item in enumerate(kept) if item.ended == "end"]
+    ids = [loaded.tokenizer.encode(kept[i].text) for i in whole]
     logprobs = dict(zip(whole, item_logprobs(module, ids, loaded.device) if ids else [], strict=True))
     rows = [
         {
@@ -280,22 +297,29 @@ def draw_items(
             "per_char": -logprobs[i] / (len(item.text) + 1) if i in logprobs else None,
             "ended": item.ended,
         }
-        for i, item in enumerate(draws.items)
+        for i, item in enumerate(kept)
     ]
-    out: dict[str, Any] = {"sampled": len(rows), "chars_per_s": draws.drawn / max(draws.seconds, 1e-9)}
-    if novel:
-        new = [row for row in rows if row["text"] not in seen]
-        out |= {"new": len(new), "new_share": len(new) / len(rows)}
-        rows = new
-    return {"items": rows, **out}
+    counts = known.counts([item.text for item in draws.items])
+    return {"items": rows, "chars_per_s": draws.drawn / max(draws.seconds, 1e-9), **counts}
 
 
-def training_items(loaded: Loaded) -> set[str]:
-    """The training split's items, read again from the model's list (its split is the same every time)."""
+def run_items(loaded: Loaded, novel: bool = False) -> KnownItems:
+    """The items of the files the model's run was trained, validated and tested on, read again as training read them
+    (`known_items`). A file that cannot be read is refused in one line with `novel`, and with nothing left to compare
+    with; otherwise the samples are just not told apart ("unchecked")."""
+    data = loaded.config.data
     try:
-        return line_corpus(loaded).texts("train")
+        known = known_items(data, loaded.config.model.block_size, loaded.tokenizer)
     except UsageError as e:
-        raise UsageError(f"--novel compares with the training items of {loaded.config.data.path}: {e}") from None
+        if novel:
+            raise UsageError(f"--novel compares samples with the items of the run's files: {e}") from None
+        return KnownItems(set(), set(), [], [], unchecked=str(e))
+    if novel and not known.read:
+        raise UsageError(
+            f"--novel compares samples with the items of the run's files, but none is still there ("
+            f"{'; '.join(known.gone)} not found): put {data.path} back, or sample without --novel"
+        )
+    return known
 
 
 def lines_card(
@@ -326,7 +350,7 @@ charlm.
 ## Use it
 
 ```bash
-charlm sample {shell_path(folder)} --num-samples 20 --novel     # new items, with the share that were not training items
+charlm sample {shell_path(folder)} --num-samples 20 --novel     # new items, in none of the run's files
 charlm score candidates.txt {shell_path(folder)} --sort         # rank your own candidates, one per line
 ```
 
