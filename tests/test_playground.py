@@ -1,5 +1,6 @@
 """The playground page in a real browser (the system's headless Chromium driven by Selenium) against a real
-`charlm serve`: a prompt typed and generated (streamed), the score view and the attention view.
+`charlm serve`: a prompt typed and generated (streamed), the sliders starting from the server's sampling defaults, the
+score view and the attention view.
 
 Set CHARLM_SCREENSHOT_DIR to save the pages as PNGs (docs/playground*.png are made this way), and
 CHARLM_SCREENSHOT_MODEL to show another checkpoint than the tests' small one.
@@ -121,6 +122,18 @@ def test_generate_streams_the_continuation_into_the_page(server, browser):
     status, reply = server.request("POST", "/v1/completions", same)
     assert reply["choices"][0]["text"] == text  # the page sends its settings: the API's text for the same seed
     screenshot(browser, "playground.png")
+
+
+def test_the_sliders_start_from_the_servers_sampling_defaults(server, browser):
+    from selenium.webdriver.common.by import By as by
+
+    browser.get(server.url + "/")
+    info = browser.find_element(by.ID, "model-info")
+    wait_for(lambda: "sliders" in info.text, what="the model's description with its sampling defaults")
+    defaults = server.request("GET", "/v1/models")[1]["data"][0]["sampling_defaults"]
+    shown = {name: browser.find_element(by.ID, name).get_attribute("value") for name in ("temperature", "length")}
+    assert shown == {"temperature": f"{defaults['temperature']:g}", "length": str(defaults["max_tokens"])}
+    assert f"the sliders start from the model's sampling settings (temperature {defaults['temperature']:g}" in info.text
 
 
 def test_a_refused_prompt_shows_the_servers_message(server, browser):

@@ -162,6 +162,11 @@ def test_charlm_serve_rewrites_sources_and_reads_unseen_characters_as_the_unknow
         assert status == 400 and body["error"]["param"] == "stop"
         status, body = replacing.request("GET", "/v1/models")
         assert status == 200 and body["data"][0]["arch"] == "encoder-decoder"
+        # options left out: what `charlm sample` decodes with, the most likely target, whole
+        whole = {"temperature": 0.0, "top_k": None, "top_p": 1.0, "max_tokens": None, "stop": []}
+        assert body["data"][0]["sampling_defaults"] == whole
+        left_out = client.completions.create(model="charlm", prompt=["abcd", "azzb"], n=2, seed=1)
+        assert [c.text for c in left_out.choices] == [t for t in expected for _ in "ab"]
     finally:
         replacing.stop()
         refusing.stop()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import ipaddress
 import socket
+from enum import Enum
 from typing import Annotated, Any, Optional
 
 import typer
@@ -26,6 +27,13 @@ from charlm.errors import UsageError
 
 API_KEY_ENV = "CHARLM_API_KEY"
 SERVE_HINT = 'charlm serve needs FastAPI and uvicorn ({}): pip install -e ".[serve]" in your charlm checkout'
+
+
+class GenerationDefaults(str, Enum):
+    """Whose settings a request that leaves decoding options out gets (charlm.serving.http.sampling_defaults)."""
+
+    model = "model"
+    openai = "openai"
 
 
 def serve(
@@ -50,6 +58,15 @@ def serve(
     max_tokens: Annotated[int, typer.Option(min=1, help="Largest max_tokens a request may ask for.")] = 4096,
     max_n: Annotated[int, typer.Option(min=1, help="Completions per request (prompts x n).")] = 16,
     max_body: Annotated[int, typer.Option(min=1, help="Bytes in a request body; beyond: HTTP 413.")] = 1_000_000,
+    generation_defaults: Annotated[
+        GenerationDefaults,
+        typer.Option(
+            help="What a request that leaves temperature, top_k, top_p, max_tokens or stop out gets: the model's "
+            "sampling settings, as charlm sample uses them given no options (a decoder's config sample section; an "
+            "encoder-decoder's most likely target, whole), or OpenAI's defaults (temperature 1, top_p 1, max_tokens "
+            "16, no stop)."
+        ),
+    ] = GenerationDefaults.model,
     unknown: Annotated[Unknown, typer.Option(help="Prompt characters outside the vocabulary.")] = Unknown.error,
     replace_with: Annotated[Optional[str], typer.Option(help=REPLACE_HELP)] = None,
     device: DeviceOption = "auto",
@@ -66,7 +83,7 @@ def serve(
     try:
         import uvicorn
 
-        from charlm.serving.http import Served
+        from charlm.serving.http import Served, sampling_defaults
         from charlm.serving.server import create_app
     except ImportError as error:  # named: a package of the extra may be there but broken, or one it needs missing
         raise UsageError(SERVE_HINT.format(f"cannot import {error.name or error}")) from error
@@ -86,7 +103,7 @@ def serve(
             "queue; raise --max-queue or lower --max-n"
         )
     limits = Limits(max_batch, max_queue, max_prompt, max_tokens, max_n, max_body)
-    served = Served(limits, model_name, api_key or None, unknown.value, replace_with)
+    served = Served(limits, model_name, api_key or None, unknown.value, replace_with, generation_defaults.value)
     if model.family.rewrites_sources:  # an encoder-decoder: each prompt a source, each completion its target
         from charlm.serving.transducer import create_transducer_app
 
@@ -105,7 +122,7 @@ def serve(
     page = "" if model.family.rewrites_sources else f"\n  playground  {url}/"  # an encoder-decoder has none
     console.print(
         f"serving {model!r}{page}\n  OpenAI API  {url}/v1  (model {model_name!r}"
-        f"{', key required' if api_key else ''})\nCtrl-C stops.",
+        f"{', key required' if api_key else ''})\n  {sampling_defaults(model, served).sentence()}\nCtrl-C stops.",
         markup=False,
     )
     config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=2)

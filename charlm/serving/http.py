@@ -1,5 +1,5 @@
 """What every `charlm serve` app shares: OpenAI's error shape, the API-key check, the app with its error handlers,
-a request body read within its limit, and the model name check."""
+a request body read within its limit, the model name check, and what a request that leaves options out gets."""
 
 from __future__ import annotations
 
@@ -13,19 +13,39 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from charlm.data.tokenizer import UnknownPolicy
-from charlm.serving.requests import BadRequest, Limits
+from charlm.decoding.options import DecodeOptions
+from charlm.serving.requests import (
+    OPENAI_DEFAULTS,
+    TARGET_DEFAULTS,
+    BadRequest,
+    Limits,
+    SamplingDefaults,
+    model_defaults,
+)
 
 
 @dataclass(frozen=True)
 class Served:
-    """How a server answers, whatever its model: its limits, the name it serves under, its API key, and what it does
-    with characters the model never saw (refuse them, or read them as `replace_with` / the learned unknown symbol)."""
+    """How a server answers, whatever its model: its limits, the name it serves under, its API key, what it does
+    with characters the model never saw (refuse them, or read them as `replace_with` / the learned unknown symbol),
+    and whose settings a request that leaves decoding options out gets (the model's, or OpenAI's defaults)."""
 
     limits: Limits = field(default_factory=Limits)
     model_name: str = "charlm"
     api_key: str | None = None
     unknown: UnknownPolicy = "error"
     replace_with: str | None = None
+    generation_defaults: str = "model"  # or "openai": --generation-defaults
+
+
+def sampling_defaults(model: Any, served: Served) -> SamplingDefaults:
+    """What a request that leaves temperature, top_k, top_p, max_tokens or stop out gets from this server: OpenAI's
+    defaults, or the model's own settings, the ones `charlm sample` decodes with given no options."""
+    if served.generation_defaults == "openai":
+        return OPENAI_DEFAULTS
+    if model.family.rewrites_sources:
+        return TARGET_DEFAULTS
+    return model_defaults(DecodeOptions.from_config(model.config.sample), served.limits)
 
 
 OPEN_PATHS = {"/health", "/", "/favicon.ico"}  # no key needed: the page's own files hold no model data

@@ -35,6 +35,50 @@ class BadRequest(Exception):
         self.status, self.message, self.param, self.code = status, message, param, code
 
 
+@dataclass(frozen=True)
+class SamplingDefaults:
+    """What a completions request gets for each decoding field it leaves out, and whose settings those are (the
+    model's, as `charlm sample` decodes with no options, or OpenAI's); /v1/models lists them as request fields."""
+
+    source: str  # "model" or "openai": --generation-defaults
+    temperature: float
+    top_k: int | None
+    top_p: float
+    max_tokens: int | None  # None: a target whole, to the model's end symbol (an encoder-decoder)
+    stop: tuple[str, ...] = ()
+    capped_from: int | None = None  # the model's max_new_tokens, when --max-tokens is lower
+
+    def fields(self) -> dict[str, Any]:
+        """The defaults as a completions body would spell them."""
+        shown = ("temperature", "top_k", "top_p", "max_tokens")
+        return {name: getattr(self, name) for name in shown} | {"stop": list(self.stop)}
+
+    def sentence(self) -> str:
+        """One line for the server's start-up message."""
+        whose = "the model's sampling settings" if self.source == "model" else "OpenAI's defaults"
+        greedy = " (greedy)" if self.temperature == 0 else ""
+        parts = [f"temperature {self.temperature:g}{greedy}", f"top_k {self.top_k or 'none'}", f"top_p {self.top_p:g}"]
+        tokens = "none (a target whole)" if self.max_tokens is None else str(self.max_tokens)
+        if self.capped_from is not None:
+            tokens += f" (the model's {self.capped_from}, capped by --max-tokens)"
+        parts += [f"max_tokens {tokens}", f"stop {list(self.stop)}" if self.stop else "no stop"]
+        return f"requests that leave temperature, top_k, top_p, max_tokens or stop out get {whose}: {', '.join(parts)}"
+
+
+OPENAI_DEFAULTS = SamplingDefaults("openai", temperature=1.0, top_k=None, top_p=1.0, max_tokens=16)
+# an encoder-decoder's own: `charlm sample` and Model.transduce, given no options, decode the most likely target whole
+TARGET_DEFAULTS = SamplingDefaults("model", temperature=0.0, top_k=None, top_p=1.0, max_tokens=None)
+
+
+def model_defaults(options: DecodeOptions, limits: Limits) -> SamplingDefaults:
+    """A decoder's own sampling settings (DecodeOptions.from_config of its checkpoint, as `charlm sample` takes them),
+    max_tokens held within the server's --max-tokens."""
+    tokens = min(options.max_new_tokens, limits.max_tokens)
+    capped = options.max_new_tokens if tokens < options.max_new_tokens else None
+    kept = (options.temperature, options.top_k, options.top_p, tokens, tuple(options.stop), capped)
+    return SamplingDefaults("model", *kept)
+
+
 @dataclass
 class CompletionRequest:
     model: str | None  # None: the one model this server holds
@@ -95,9 +139,12 @@ def json_name(option: str) -> str:
     return "max_tokens" if option == "max_new_tokens" else option
 
 
-def parse_completion(body: Any, limits: Limits, default_prompt: str = "\n") -> CompletionRequest:
+def parse_completion(
+    body: Any, limits: Limits, default_prompt: str = "\n", defaults: SamplingDefaults = OPENAI_DEFAULTS
+) -> CompletionRequest:
     """The completion a JSON body asks for, or BadRequest naming the first thing wrong with it (a body without a
-    prompt continues `default_prompt`: a newline, or nothing for a lines model's whole items)."""
+    prompt continues `default_prompt`: a newline, or nothing for a lines model's whole items; a decoding field left
+    out takes `defaults`' value, and max_tokens without one the server's limit)."""
     if not isinstance(body, dict):
         raise BadRequest(400, "the request body must be a JSON object")
     unknown = sorted(set(body) - KNOWN)
@@ -127,7 +174,8 @@ def parse_completion(body: Any, limits: Limits, default_prompt: str = "\n") -> C
                 "prompt",
                 "prompt_too_long",
             )
-    max_tokens = _number(body, "max_tokens", 16, 1, limits.max_tokens, whole=True)
+    default_tokens = limits.max_tokens if defaults.max_tokens is None else defaults.max_tokens
+    max_tokens = _number(body, "max_tokens", default_tokens, 1, limits.max_tokens, whole=True)
     n = _number(body, "n", 1, 1, limits.max_n, whole=True)
     if n * len(prompts) > limits.max_n:
         raise BadRequest(
@@ -137,7 +185,7 @@ def parse_completion(body: Any, limits: Limits, default_prompt: str = "\n") -> C
             "n",
         )
     stop = body.get("stop")
-    stops = [] if stop is None else [stop] if isinstance(stop, str) else stop
+    stops = list(defaults.stop) if stop is None else [stop] if isinstance(stop, str) else stop
     if not isinstance(stops, list) or len(stops) > 4 or not all(isinstance(s, str) and s for s in stops):
         raise BadRequest(400, "stop must be a non-empty string or a list of at most 4 of them", "stop")
     stream = body.get("stream", False)
@@ -151,9 +199,9 @@ def parse_completion(body: Any, limits: Limits, default_prompt: str = "\n") -> C
         raise BadRequest(400, f"stream_options must be {shape}, got {json.dumps(options)}", "stream_options")
     decoding = DecodeOptions(
         max_new_tokens=max_tokens,
-        temperature=_number(body, "temperature", 1.0, -math.inf, math.inf, whole=False),
-        top_k=_number(body, "top_k", None, -math.inf, math.inf, whole=True),
-        top_p=_number(body, "top_p", 1.0, -math.inf, math.inf, whole=False),
+        temperature=_number(body, "temperature", defaults.temperature, -math.inf, math.inf, whole=False),
+        top_k=_number(body, "top_k", defaults.top_k, -math.inf, math.inf, whole=True),
+        top_p=_number(body, "top_p", defaults.top_p, -math.inf, math.inf, whole=False),
         seed=_number(body, "seed", None, -math.inf, math.inf, whole=True),
         stop=stops,
     )

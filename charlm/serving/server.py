@@ -24,7 +24,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from charlm.api.model import Model
 from charlm.errors import UsageError
 from charlm.serving.engine import Completion, Engine, Piece, QueueFull
-from charlm.serving.http import Served, error_body, new_app, read_body, served_name
+from charlm.serving.http import Served, error_body, new_app, read_body, sampling_defaults, served_name
 from charlm.serving.requests import BadRequest, CompletionRequest, parse_completion, parse_text
 
 
@@ -62,6 +62,7 @@ def create_app(model: Model, served: Served | None = None) -> FastAPI:
     state: dict[str, Any] = {}
     frame = model.family.item_frame(model)  # a lines model: each completion is a whole item, from its start symbol
     created = int(model.path.stat().st_mtime) if model.path.exists() else int(time.time())
+    defaults = sampling_defaults(model, served)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -114,12 +115,14 @@ def create_app(model: Model, served: Served | None = None) -> FastAPI:
             "width": m.n_embd,
             "parameters": model.module.num_params(),
             "items": frame is not None,
+            "generation_defaults": defaults.source,
+            "sampling_defaults": defaults.fields(),
         }
         return {"object": "list", "data": [card]}
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
-        req = parse_completion(await read_json(request), limits, "" if frame else "\n")
+        req = parse_completion(await read_json(request), limits, "" if frame else "\n", defaults)
         check_model(req.model)
         prompt_ids = [encode(p, "prompt") for p in req.prompts]
         mailbox, events = state["mailbox"], asyncio.Queue()  # type: ignore[var-annotated]

@@ -3,9 +3,9 @@ its target (a word and its phonemes), rewritten by the model's own batched trans
 
 The request fields are the completions fields `charlm serve` takes for a decoder, checked by the same parser; a
 target ends at the model's end symbol (finish_reason "stop"; "length" when it filled the context first, or when
-`max_tokens`, which has no default here, cut it), and stop strings and logprobs, which belong to running text, are
-refused in one line. As in OpenAI's API, temperature defaults to 1 (a
-sampled target): send temperature 0 for the most likely one. Characters a source holds that the model never saw
+`max_tokens` cut it), and stop strings and logprobs, which belong to running text, are refused in one line. A request
+that leaves options out gets what `charlm sample` decodes with (the most likely target, whole), or OpenAI's defaults
+under --generation-defaults openai (temperature 1, max_tokens 16). Characters a source holds that the model never saw
 follow the server's --unknown: refused (400, naming them), or read as the model's learned unknown symbol (--unknown
 replace), their count then in the response's `usage.unknown_characters`.
 """
@@ -26,7 +26,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from charlm.api.model import Model
 from charlm.decoding.transduce import target_room
 from charlm.errors import UsageError
-from charlm.serving.http import Served, new_app, read_body, served_name
+from charlm.serving.http import Served, new_app, read_body, sampling_defaults, served_name
 from charlm.serving.requests import BadRequest, parse_completion
 
 
@@ -40,6 +40,7 @@ def create_transducer_app(model: Model, served: Served | None = None) -> FastAPI
     waiting = [0]  # requests decoding or waiting for their turn: at most --max-queue (--max-batch does not apply)
     created = int(model.path.stat().st_mtime) if model.path.exists() else int(time.time())
     known = set(getattr(model.tokenizer, "chars", []))  # pairs are read as characters
+    defaults = sampling_defaults(model, served)
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
@@ -50,12 +51,13 @@ def create_transducer_app(model: Model, served: Served | None = None) -> FastAPI
         m = model.config.model
         card = {"id": model_name, "object": "model", "created": created, "owned_by": "charlm"}
         card |= {"arch": m.arch, "context": m.block_size, "vocab_size": model.tokenizer.vocab_size}
+        card |= {"generation_defaults": defaults.source, "sampling_defaults": defaults.fields()}
         return {"object": "list", "data": [card]}
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
         body = await read_body(request, limits)
-        req = parse_completion(body, limits, "")
+        req = parse_completion(body, limits, "", defaults)
         served_name(req.model, model_name)
         if req.options.stop:
             raise BadRequest(400, "stop is for running text; a target ends at the model's end symbol", "stop")
@@ -90,7 +92,8 @@ def create_transducer_app(model: Model, served: Served | None = None) -> FastAPI
             targets = await asyncio.to_thread(rewrite)
         finally:
             waiting[0] -= 1
-        cap = o.max_new_tokens if isinstance(body, dict) and body.get("max_tokens") is not None else None  # else whole
+        capped = defaults.max_tokens is not None or body.get("max_tokens") is not None  # else the target whole
+        cap = o.max_new_tokens if capped else None
         whole = [targets[j][i] for i in range(len(req.prompts)) for j in range(req.n)]
         texts = [t[:cap] for t in whole]
         room = target_room(model.config.model.block_size)  # a target this long met the context, not its end symbol

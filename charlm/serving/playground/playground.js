@@ -53,10 +53,31 @@ async function describeModel() {
       `${card.context}, ${card.vocab_size} ${card.unit === "byte" ? "byte values" : "characters"}, ` +
       `${card.parameters.toLocaleString()} parameters`;
     $("top-k").max = card.vocab_size;
+    startControls(card);
     if (card.items && !itemsModel) describeItems(card);
   } catch (e) {
     $("model-info").textContent = "cannot describe the model: " + e.message;
   }
+}
+
+// The sliders start from what a request that leaves them out gets, the model's sampling settings (or OpenAI's
+// defaults under --generation-defaults openai), and the page says which: Generate then gives what the API would.
+function startControls(card) {
+  const d = card.sampling_defaults;
+  const start = { temperature: d.temperature, "top-k": d.top_k === null ? 0 : d.top_k, "top-p": d.top_p };
+  if (d.max_tokens !== null) {
+    start.length = d.max_tokens;
+    $("length").step = 1; // the exact default, not the nearest step of 10
+    $("length").min = Math.min(Number($("length").min), d.max_tokens);
+    $("length").max = Math.max(Number($("length").max), d.max_tokens);
+  }
+  for (const [id, value] of Object.entries(start)) {
+    $(id).value = value;
+    $(id).dispatchEvent(new Event("input"));
+  }
+  const whose = card.generation_defaults === "openai" ? "OpenAI's defaults" : "the model's sampling settings";
+  $("model-info").textContent += `; the sliders start from ${whose} (temperature ${d.temperature}, top-k ` +
+    `${d.top_k === null ? "off" : d.top_k}, top-p ${d.top_p}, length ${d.max_tokens})`;
 }
 
 // A lines model makes whole items, each ended by its end symbol: the prompt is an item's beginning (empty by
@@ -69,7 +90,9 @@ function describeItems(card) {
     $(id).placeholder = id === "prompt" ? "an item's beginning (may be empty)" : "one item";
   }
   $("length").min = $("length").step = 1;
-  $("length").max = $("length").value = card.context - 1; // the longest item: the context less the start symbol
+  // the longest item: the context less the start symbol; a longer default cap is held to it
+  $("length").max = card.context - 1;
+  $("length").value = Math.min(card.context - 1, card.sampling_defaults.max_tokens);
   $("length").dispatchEvent(new Event("input"));
 }
 
