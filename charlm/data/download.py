@@ -51,11 +51,6 @@ class DownloadResult:
     downloaded: bool  # False when a verified file was already there
 
 
-def resolve_url(url: str | None) -> str:
-    """--url wins over $CHARLM_DATA_URL, which wins over the canonical URL."""
-    return url or os.environ.get(URL_ENV) or TINY_SHAKESPEARE_URL
-
-
 def sha256_of(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as f:

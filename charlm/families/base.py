@@ -13,8 +13,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from charlm.config.arch_rules import arch_problems
-from charlm.config.schema import Config, DataConfig, ModelConfig, TrainConfig
+from charlm.config.schema import Config, ModelConfig, TrainConfig
 from charlm.data.corpus import Corpus
 from charlm.data.lines import LineCorpus
 from charlm.data.pairs import PairCorpus
@@ -108,10 +107,6 @@ class Family(abc.ABC):
     def build(self, config: ModelConfig, vocab_size: int) -> nn.Module:
         """A fresh model (weights initialised as its class does)."""
         return self.module_type(config, vocab_size)
-
-    def config_problems(self, model: ModelConfig, data: DataConfig) -> list[str]:
-        """Every setting that does not fit the family (charlm.config checks them with the rest, without torch)."""
-        return arch_problems(model, data)
 
     @abc.abstractmethod
     def batches(self, config: Config, corpus: AnyCorpus, device: torch.device, seed: int) -> Batches:

@@ -1,12 +1,9 @@
 """The model families, registered in one place: model.arch names one (with data.format, for a decoder of item
-lists), and a model's class names its own."""
+lists)."""
 
 from __future__ import annotations
 
-from torch import nn
-
 from charlm.config.schema import Config, ModelConfig
-from charlm.errors import UsageError
 from charlm.families.base import Family
 from charlm.families.decoder import DecoderFamily
 from charlm.families.encoder import EncoderFamily
@@ -18,7 +15,6 @@ from charlm.models.encoder_decoder import EncoderDecoder
 from charlm.models.info import ModelInfo
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (DecoderFamily(), EncoderDecoderFamily(), EncoderFamily())}
-_BY_TYPE: dict[type[nn.Module], Family] = {f.module_type: f for f in FAMILIES.values()}
 # A decoder trained on another data format is a family of its own: same module, other batches, scores and uses.
 BY_FORMAT: dict[tuple[str, str], Family] = {("decoder", "lines"): LinesFamily()}
 
@@ -33,14 +29,6 @@ def family(arch: str) -> Family:
 def family_for(config: Config) -> Family:
     """The family of a run or a trained model: model.arch's, or the one its data.format makes of it (lines)."""
     return BY_FORMAT.get((config.model.arch, config.data.format)) or FAMILIES[config.model.arch]
-
-
-def family_of(module: nn.Module) -> Family:
-    """The family a model belongs to, by its class (a compiled or DDP-wrapped model: unwrap it first)."""
-    try:
-        return _BY_TYPE[type(module)]
-    except KeyError:
-        raise UsageError(f"{type(module).__name__} is not a charlm model") from None
 
 
 def build_model(config: ModelConfig, vocab_size: int) -> AnyModel:

@@ -45,7 +45,6 @@ from charlm.training.setup import (
     NeverStop,
     StopRequest,
     compile_or_warn,
-    make_batches,
     peak_memory_mb,
     seed_for_rank,
     training_dtype,
@@ -83,7 +82,7 @@ class Trainer:
         self.family = family_for(config)  # how this model's batches are made and scored
         self.scoring = self.family.periodic_losses(config, corpus, device, self.amp_dtype, self.dist)
         rank_seed = seed_for_rank(tc.seed, self.dist.rank)
-        self.batches = make_batches(config, corpus, device, rank_seed)
+        self.batches = self.family.batches(config, corpus, device, rank_seed)  # this rank's, as its family makes them
         global_batch = tc.batch_size * tc.grad_accum * self.dist.world_size
         self.state = RunState(lr=tc.lr, world_size=self.dist.world_size, global_batch=global_batch)
         self.elapsed_before = 0.0  # loop seconds of earlier invocations

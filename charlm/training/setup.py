@@ -1,5 +1,5 @@
-"""What a Trainer is built from: how a caller asks it to stop, its batches, its autocast dtype, a compiled forward
-that falls back to eager, each rank's seed, and the peak memory its summary reports."""
+"""What a Trainer is built from: how a caller asks it to stop, its autocast dtype, a compiled forward that falls back
+to eager, each rank's seed, and the peak memory its summary reports."""
 
 from __future__ import annotations
 
@@ -10,8 +10,6 @@ import torch
 from torch import nn
 
 from charlm.config.schema import Config
-from charlm.families.base import AnyCorpus, Batches
-from charlm.families.registry import family_for
 from charlm.hardware.device import autocast_dtype
 from charlm.models.linear import use_onednn
 from charlm.progress import TrainReporter
@@ -63,8 +61,3 @@ def peak_memory_mb(device: torch.device) -> float:
         return 0.0
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return rss / 2**20 if sys.platform == "darwin" else rss / 1024  # bytes on macOS, KiB on Linux
-
-
-def make_batches(config: Config, corpus: AnyCorpus, device: torch.device, seed: int) -> Batches:
-    """This rank's training batches, as the model's family makes them."""
-    return family_for(config).batches(config, corpus, device, seed)
