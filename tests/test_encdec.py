@@ -80,6 +80,14 @@ def eval_json(run: Path, *args: str) -> dict:
     return json.loads(run_cli("eval", run, "--json", *args, check=True).stdout)
 
 
+def with_each_letter_changed(run: Path) -> list[str]:
+    """The greedy targets of "abcdefgh" with its letter j made a "j", for j = 0..7: reversing, the "j" is written at
+    7 - j, which only the cross-attention can carry there; a decoder that never reads the source writes one target."""
+    targets = charlm.load(run).transduce(["abcdefgh"[:j] + "j" + "abcdefgh"[j + 1 :] for j in range(8)])
+    assert isinstance(targets, list)  # a list of sources: a list of targets
+    return targets
+
+
 def test_reversal_is_learned_within_60_s_and_not_without_cross_attention(trained, reversal, tmp_path):
     run, summary = trained
     assert summary["steps"] == 400 and summary["stop_reason"] == "max_steps"
@@ -91,6 +99,7 @@ def test_reversal_is_learned_within_60_s_and_not_without_cross_attention(trained
     # 200 steps take the model with cross-attention past 90% exact; the same decoder, not told the source, cannot
     run_cli(*train_cli(reversal, blind, steps=200, quiet=True, config=SHAPE, sets=no_cross_attention), check=True)
     assert eval_json(blind)["exact_match"] < 0.05
+    assert len(set(with_each_letter_changed(blind))) == 1  # no source letter changes what it writes
     no_cross = run_cli("attention", blind, "--prompt", "abc", "--json")
     assert_one_line_error(no_cross, 2, "no cross attention", "--part encoder|decoder")
 
@@ -390,9 +399,20 @@ def test_attention_command_shows_the_cross_attention_alignment(trained, tmp_path
     assert shown["chars"] == [*"hgfedcba", "⟨end⟩"] and shown["key_chars"] == list("abcdefgh")
     weights = torch.tensor(shown["weights"])  # (L, nh, T, S)
     assert weights.shape == (2, 4, 9, 8)
-    # reversing: some head puts each written character's most weight on the source letter it copies
-    aligned = (weights[:, :, range(8)].argmax(-1) == torch.tensor([7 - i for i in range(8)])).all(-1)  # (L, nh)
-    assert aligned.any()
+    # Reversing, the map as a whole (every layer and head averaged) reads the source backwards: the source position
+    # each written character attends to on average runs from the source's end to its start, and the letter it copies
+    # gets well above the uniform 1/8. Which single head aligns, and how sharply, differs from run to run (seed,
+    # bfloat16, the CPU's kernels), so no one head is asked for. On 8 runs (4 more seeds, bfloat16, torch's or oneDNN's
+    # float32 kernels) x 5 sources: correlation 0.98-0.997, weight 0.245-0.28; a model trained to copy instead gives
+    # -0.995 and 0.04, one trained for 1 step 0.32 and 0.125.
+    mean = weights[:, :, :8].mean((0, 1))  # (T, S): written characters before the end, source letters
+    position, mirrored = torch.arange(8.0), [7 - i for i in range(8)]
+    attended = mean @ position  # each written character's mean attended source position
+    assert torch.corrcoef(torch.stack([attended, 7 - position]))[0, 1] > 0.9
+    assert mean[range(8), mirrored].mean() > 1.5 / 8
+    # and what it shows is what the output depends on: change source letter j and written character 7 - j changes
+    changed = with_each_letter_changed(run)
+    assert all(len(target) == 8 and target[7 - j] == "j" for j, target in enumerate(changed)), changed
     decoder = json.loads(run_cli("attention", run, "--prompt", "abc", "--part", "decoder", "--json").stdout)
     assert (
         decoder["key_chars"] == ["⟨start⟩", "c", "b", "a"] and torch.tensor(decoder["weights"])[0, 0, 0, 1:].eq(0).all()
