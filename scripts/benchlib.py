@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
 import platform
 import shlex
 import subprocess
@@ -71,18 +72,20 @@ def set_args(items: list[str]) -> list[str]:
     return [x for item in items for x in ("--set", item)]
 
 
-def run_timed(args: list[str], cwd: Path | None = None) -> tuple[str, float]:
-    """Run a command; its stdout and wall seconds, or exit naming the command and showing its output's end."""
+def run_timed(args: list[str], cwd: Path | None = None, env: dict[str, str] | None = None) -> tuple[str, float]:
+    """Run a command (`env`: variables added to this process's); its stdout and wall seconds, or exit naming the
+    command and showing its output's end."""
     started = time.perf_counter()
-    result = subprocess.run([str(a) for a in args], cwd=cwd, capture_output=True, text=True)
+    full_env = {**os.environ, **env} if env else None
+    result = subprocess.run([str(a) for a in args], cwd=cwd, capture_output=True, text=True, env=full_env)
     wall = time.perf_counter() - started
     if result.returncode != 0:
         raise SystemExit(f"{' '.join(map(str, args))} failed:\n{result.stdout[-2000:]}\n{result.stderr[-4000:]}")
     return result.stdout, wall
 
 
-def run_charlm(*args: str, cwd: Path | None = None) -> tuple[dict, float]:
+def run_charlm(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None) -> tuple[dict, float]:
     """`python -m charlm ARGS --json` (and --quiet for train) in a fresh process: its JSON and wall seconds."""
     extra = ["--json", "--quiet"] if args[0] == "train" else ["--json"]
-    out, wall = run_timed([sys.executable, "-m", "charlm", *args, *extra], cwd)
+    out, wall = run_timed([sys.executable, "-m", "charlm", *args, *extra], cwd, env)
     return json.loads(out.strip().splitlines()[-1]), wall

@@ -1,9 +1,11 @@
 """`charlm train --budget` and `charlm.train(budget=...)`: the duration parsed or refused, the rule's table (the 100 s
-row is configs/cpu.yaml), the user's own keys kept, and the header line that says what was chosen."""
+row is configs/cpu.yaml), read in compute for the machine's speed (given, or measured by the probe), the user's own
+keys kept, and the header lines that say what was chosen. tests/conftest.py gives every test the reference speed."""
 
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import yaml
@@ -11,7 +13,8 @@ from conftest import REPO, assert_one_line_error, run_cli
 
 from charlm.config.schema import load_config
 from charlm.config.sources import find_config
-from charlm.training.budget import TABLE, parse_budget, recipe_for
+from charlm.training.budget import TABLE, parse_budget, plan_budget, recipe_for, row_for
+from charlm.training.probe import MOST_PROBE_SECONDS, Speed, measure_speed
 
 TINY_SHAKESPEARE_TRAIN_CHARS = 1_115_394 - 111_539  # the whole file less its 10% validation split
 # For runs that only show what the rule chose: a few sampled windows and a short validation split, so that the
@@ -124,8 +127,12 @@ def test_the_user_keys_win_and_the_header_line_says_what_was_chosen(tmp_path, co
     run = tmp_path / "run"
     args = ["--budget", "10m", "--data", corpus, "--out-dir", run, "--set", "model.n_layer=1", "--max-steps", 2]
     result = run_cli("train", *args, "--json", check=True)
-    header = result.stderr.splitlines()[0]
-    assert header.startswith("budget 10m: 570 s of training; for budgets up to 20 min"), header
+    speed, header = result.stderr.splitlines()[:2]
+    assert speed == (
+        "26k chars/s for the 4 x 96 reference here (CHARLM_SPEED): 10m here buys what 10 min buys on the 2-core CPU "
+        "the rule was measured on"
+    )
+    assert header.startswith("budget 10m: 570 s of training; for budgets up to 20 min of the reference CPU"), header
     assert "1 layer x 128 wide, 4 heads, context 256 x batch 8, dropout 0.2 outside attention" in header
     assert "outside attention, Muon weight decay 0.1 (" in header
     assert header.endswith("yours kept: model.n_layer=1, train.max_steps=2")
@@ -186,7 +193,7 @@ def test_a_small_corpus_shortens_the_rule_s_context_to_fit_its_validation_split(
     tiny.write_text(text[:100])
     args = ["train", "--budget", "10m", "--max-steps", 1, "--set", "model.n_layer=1"]
     result = run_cli(*args, "--data", small, "--out-dir", tmp_path / "small", "--json", check=True)
-    header = result.stderr.splitlines()[0]
+    header = result.stderr.splitlines()[1]  # after the speed's line
     assert "context 128 (the 200-character validation split holds no window of 256) x batch 16" in header, header
     config = load_config(tmp_path / "small" / "config.yaml")
     assert (config.model.block_size, config.train.batch_size) == (128, 16)
@@ -210,3 +217,56 @@ def test_the_user_s_keys_are_checked_beside_the_rule_s_shape_not_the_default_s(t
     assert_one_line_error(typo, 2, "did you mean 'model.n_head'")
     assert "--budget 10m chose" not in typo.stderr  # a typo is not the rule's doing
     assert not (tmp_path / "b").exists()
+
+
+def _budget_run(tmp_path, corpus, name, *extra):
+    run = tmp_path / name
+    args = ["train", "--budget", "10m", "--data", corpus, "--out-dir", run, "--max-steps", 1, *BRIEF_SCORING]
+    result = run_cli(*args, *extra, check=True)
+    return result.stderr.splitlines(), load_config(run / "config.yaml"), json.loads((run / "budget.json").read_text())
+
+
+def test_the_speed_given_sets_what_the_budget_buys(tmp_path, corpus):
+    """Half the reference CPU's speed, its own, and fifty times it (a GPU's order): ten minutes buy the 5-minute
+    row's 4 layers, the 10-minute row's 5, and 9 layers from the compute-scaled rows; budget.json keeps the speed."""
+    picks = {}
+    for speed in ("13k", "26000", "1.3M"):
+        said, config, record = _budget_run(tmp_path, corpus, speed, "--speed", speed)
+        assert said[0].endswith("on the 2-core CPU the rule was measured on") and "(--speed)" in said[0], said
+        assert record["speed"]["source"] == "--speed" and record["depth"] == config.model.n_layer
+        picks[speed] = (config.model.n_layer, config.model.n_embd, config.model.block_size)
+    assert picks == {"13k": (4, 96, 128), "26000": (5, 128, 256), "1.3M": (9, 224, 256)}
+
+
+def test_the_rule_says_when_it_hits_its_cap():
+    assert [row_for(600, speed).depth for speed in (26_000, 26_000 * 50, 26_000 * 10**4)] == [5, 9, 12]
+    assert math.isinf(row_for(600, 26_000 * 10**4).up_to_s) and row_for(600, 26_000 * 10**5).depth == 12
+    speed = Speed(26_000 * 10**4, "--speed")
+    request = plan_budget("10m", None, [], {}, speed)
+    recipe = recipe_for(600, 10**6, speed=speed.chars_per_s)
+    config = load_config("cpu", [], {key: ("--budget", value) for key, value in recipe.items()})
+    assert config.model.n_layer == 12 and "the table's deepest row, its cap" in request.describe(
+        config, (10**6, 10**5), []
+    )
+
+
+def test_the_speed_is_measured_when_none_is_given(tmp_path, corpus, monkeypatch):
+    monkeypatch.delenv("CHARLM_SPEED")
+    probe = measure_speed(load_config("cpu"), print)
+    assert probe.chars_per_s > 0 and probe.seconds < MOST_PROBE_SECONDS + 5 and probe.source == "measured"
+    said, config, record = _budget_run(tmp_path, corpus, "measured")
+    assert " (measured in " in said[0] and "threads" in said[0], said
+    assert record["speed"]["source"] == "measured" and record["speed"]["seconds"] > 0
+    assert config.train.max_seconds < 570  # the probe's seconds came out of training's share
+
+
+def test_a_budget_too_small_for_the_probe_and_a_bad_speed_are_refused(tmp_path, monkeypatch):
+    monkeypatch.delenv("CHARLM_SPEED")
+    out = ["--out-dir", tmp_path / "run"]
+    assert_one_line_error(run_cli("train", "--budget", "20s", *out), 2, "--budget 20s", "--speed", "at least 30s")
+    for bad in ("0", "-5", "fast", "nan", "inf"):
+        assert_one_line_error(run_cli("train", "--budget", "1m", "--speed", bad, *out), 2, f"--speed {bad!r}")
+    monkeypatch.setenv("CHARLM_SPEED", "slow")
+    assert_one_line_error(run_cli("train", "--budget", "1m", *out), 2, "CHARLM_SPEED 'slow' is not a speed")
+    assert_one_line_error(run_cli("train", "--speed", "31k", *out), 2, "give it with --budget")
+    assert not (tmp_path / "run").exists()

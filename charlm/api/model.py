@@ -342,12 +342,14 @@ def train(
     init_from: str | Path | None = None,
     extend_vocab: bool = False,
     budget: str | None = None,
+    speed: float | str | None = None,
 ) -> dict[str, Any]:
     """Train like `charlm train` and return its summary (the fields of `train --json`).
 
     `init_from` fine-tunes: the run starts from that checkpoint's, run folder's or export's weights, shape and
     vocabulary (`extend_vocab` adds the new text's unseen characters instead of refusing them). `budget` ("10m",
-    "1h") is `charlm train --budget`: the model and learning rates for that time and the corpus, overrides kept.
+    "1h") is `charlm train --budget`: the model and learning rates for that time and the corpus, overrides kept;
+    `speed` (26000 or "26k": the reference model's training characters a second here) spares measuring it.
 
     `overrides` maps dotted keys to values ({"train.max_steps": 200}). Ctrl-C (KeyboardInterrupt) stops the run
     after saving last.pt and propagates; no signal handler is installed and the process is never exited.
@@ -366,7 +368,7 @@ def train(
     options["data.path"] = ("data", None if data is None else str(data))
     request = resolve_run(
         str(config), [], options, out_dir, resume=resume, overwrite=overwrite, init_from=init_from,
-        extend_vocab=extend_vocab, budget=budget,
+        extend_vocab=extend_vocab, budget=budget, speed=None if speed is None else str(speed),
     )  # fmt: skip
     summary = request.run(quiet=quiet)
     return summary.to_dict() if summary is not None else {}

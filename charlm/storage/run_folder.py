@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,9 @@ from charlm.files import atomic_write, remove_stale_temps
 from charlm.storage.checkpoint import save_training_checkpoint
 from charlm.storage.run_state import RunState
 
-RUN_FILES = ("last.pt", "best.pt", "metrics.jsonl", "config.yaml", "steps.jsonl", "summary.json", "metrics.csv")
+RUN_FILES = (
+    "last.pt", "best.pt", "metrics.jsonl", "config.yaml", "budget.json", "steps.jsonl", "summary.json", "metrics.csv"
+)  # fmt: skip
 
 
 def check_out_dir(out_dir: Path, resume: bool, overwrite: bool) -> list[str]:
@@ -51,9 +54,16 @@ class RunFolder:
     its first step leaves nothing behind; ranks other than 0 write nothing."""
 
     def __init__(
-        self, path: Path, config: Config, tokenizer: Tokenizer, writes: bool = True, replaced: list[str] | None = None
+        self,
+        path: Path,
+        config: Config,
+        tokenizer: Tokenizer,
+        writes: bool = True,
+        replaced: list[str] | None = None,
+        notes: dict[str, Any] | None = None,
     ):
         self.path, self.config, self.tokenizer, self.writes = path, config, tokenizer, writes
+        self.notes = dict(notes or {})  # JSON files written beside config.yaml: budget.json, how the recipe was chosen
         self.config_written = False
         self.replaced = list(replaced or [])  # an overwritten run's files, kept until this run has trained a step
 
@@ -72,6 +82,8 @@ class RunFolder:
         try:
             if not self.config_written:
                 atomic_write(self.path / "config.yaml", lambda f: f.write(self.config.to_yaml().encode()))
+                for name, note in self.notes.items():
+                    atomic_write(self.path / name, lambda f, note=note: f.write(json.dumps(note, indent=1).encode()))
                 self.config_written = True
             save_training_checkpoint(target, self.config, self.tokenizer, model, state, parts)
         except OSError as e:

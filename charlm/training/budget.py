@@ -19,6 +19,12 @@ compute-optimal scaling has it (parameters as the square root of compute; depth 
 depth: depth as compute's sixth root, 4 at 300 s). The rows past 100 s follow that rule; docs/benchmarks.md says
 which of them were measured beside what.
 
+The table is read in compute, not seconds: a short probe (charlm/training/probe.py) measures how fast this machine
+trains the 4 x 96 reference model, and a budget buys what budget x (that speed / PROBE_REFERENCE_CHARS_PER_S) seconds
+buy on the 2-core CPU the table was measured on: a GPU's 100 s picks a deeper row, regularised for the passes it will
+make; a slower machine's 10 minutes a shallower one. Beyond the rows measured on a CPU the depth follows the same
+sixth root of compute, up to a cap the header says it hit.
+
 Keys the user sets (with --set, a first-class option, or in a --config file other than the default's) win, and the
 header line says which were kept. The budget owns train.max_seconds (refused beside an explicit one) and turns the
 step limit off unless the command line gives one.
@@ -39,6 +45,7 @@ from charlm.data.download import ensure_builtin_corpus
 from charlm.data.prepare import data_bytes
 from charlm.errors import UsageError
 from charlm.families.registry import family, family_for
+from charlm.training.probe import MOST_PROBE_SECONDS, Speed, measure_speed
 
 UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
 _BUDGET = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([smh])\s*$")
@@ -64,15 +71,23 @@ TABLE = (
     Row(1200.0, 5, 500, 256),  # from here on, depth = 4 x (budget / 300 s)^(1/6), rounded to these boundaries
     Row(3600.0, 6, 1000, 256),
     Row(9000.0, 7, 1000, 256),
-    Row(math.inf, 8, 2000, 256),
+    # Compute a CPU reaches in hours and a GPU in minutes: depth = 4 x (compute / 300 s)^(1/6), rounded, not measured.
+    Row(27_600.0, 8, 2000, 256),
+    Row(54_000.0, 9, 2000, 256),
+    Row(98_000.0, 10, 2000, 256),
+    Row(169_000.0, 11, 2000, 256),
+    Row(math.inf, 12, 2000, 256),  # the cap: a deeper model needs a recipe measured for it (the header says so)
 )
 CHARS_PER_STEP = 2048  # configs/cpu.yaml's 16 windows of 128 a forward pass, kept as the context grows (Muon's tuning)
 MIN_CONTEXT = 16  # the rule shortens its context for a tiny corpus no further; below it the run says what is wrong
 HEAD_SIZE = 32  # configs/cpu.yaml's heads: RoPE needs it even, and fewer, wider heads cost the CPU's attention less
 REFERENCE_WIDTH = 96  # the width whose learning rates configs/cpu.yaml tuned
-# Characters a second of configs/cpu.yaml's recipe 4 layers deep on a 2-core CPU, for the epochs estimates only (the
-# regularisation rows below were drawn with it).
+# Characters a second of configs/cpu.yaml's recipe 4 layers deep in a whole run on the 2-core CPU (an AMD EPYC) the
+# table was measured on, for the epochs estimates (the regularisation rows below were drawn with it).
 REFERENCE_DEPTH, REFERENCE_CHARS_PER_S = 4, 31_000.0
+# What the speed probe (charlm/training/probe.py: its timed steps alone) measures for that model on that CPU: a
+# machine's measured speed over it is how much more compute each second of its budget holds (24.7k-26.4k there).
+PROBE_REFERENCE_CHARS_PER_S = 26_000.0
 # Regularisation by the compute the budget holds per training character: how many times that 4 x 96 reference model
 # would go over the training split. The rule's model grows with the budget, so the figure counts both how often the
 # text comes round and how big a model meets it. Each line: (up to this many, dropout, Muon's weight decay).
@@ -124,8 +139,14 @@ def width_for(depth: int) -> int:
     return HEAD_SIZE * math.ceil(3 * depth / 4)
 
 
-def row_for(seconds: float) -> Row:
-    return next(row for row in TABLE if seconds <= row.up_to_s)
+def row_for(seconds: float, speed: float = PROBE_REFERENCE_CHARS_PER_S) -> Row:
+    """The row of a budget on a machine training the reference at `speed`: compute, as reference-machine seconds."""
+    return next(row for row in TABLE if compute_seconds(seconds, speed) <= row.up_to_s)
+
+
+def compute_seconds(seconds: float, speed: float = PROBE_REFERENCE_CHARS_PER_S) -> float:
+    """What a budget buys on a machine whose probe measured `speed`, as seconds of the reference machine."""
+    return seconds * speed / PROBE_REFERENCE_CHARS_PER_S
 
 
 def training_seconds(seconds: float) -> float:
@@ -133,15 +154,18 @@ def training_seconds(seconds: float) -> float:
     return round(seconds - min(seconds * RESERVE_FRACTION, RESERVE_MAX_S), 1)
 
 
-def reference_epochs(seconds: float, train_chars: int) -> float:
-    """How many times the 4 x 96 reference model would go over a training split of this size in the budget."""
-    return REFERENCE_CHARS_PER_S * training_seconds(seconds) / max(train_chars, 1)
+def reference_epochs(seconds: float, train_chars: int, speed: float = PROBE_REFERENCE_CHARS_PER_S) -> float:
+    """How many times the 4 x 96 reference model would go over a training split of this size in the budget, on a
+    machine whose probe measured `speed`."""
+    return REFERENCE_CHARS_PER_S * compute_seconds(training_seconds(seconds), speed) / max(train_chars, 1)
 
 
-def expected_epochs(seconds: float, depth: int, width: int, train_chars: int) -> float:
+def expected_epochs(
+    seconds: float, depth: int, width: int, train_chars: int, speed: float = PROBE_REFERENCE_CHARS_PER_S
+) -> float:
     """How many times a model this deep and wide would go over its training split in the budget: the reference
     model's speed, scaled by the matrices' work per character (depth x width^2)."""
-    return reference_epochs(seconds, train_chars) * REFERENCE_DEPTH * REFERENCE_WIDTH**2 / (depth * width**2)
+    return reference_epochs(seconds, train_chars, speed) * REFERENCE_DEPTH * REFERENCE_WIDTH**2 / (depth * width**2)
 
 
 def _sig2(x: float) -> float:
@@ -149,17 +173,23 @@ def _sig2(x: float) -> float:
 
 
 def recipe_for(
-    seconds: float, train_chars: int, kept: dict[str, Any] | None = None, val_chars: int | None = None
+    seconds: float,
+    train_chars: int,
+    kept: dict[str, Any] | None = None,
+    val_chars: int | None = None,
+    speed: float = PROBE_REFERENCE_CHARS_PER_S,
+    spent: float = 0.0,
 ) -> dict[str, Any]:
-    """Every key the rule sets for this budget and a training split of this many characters; `kept` holds the
-    user's own keys: model.block_size, for the batch to keep CHARS_PER_STEP characters a step. `val_chars`, the
-    validation split's size, shortens the context where that split could not hold one window of the row's."""
+    """Every key the rule sets for this budget and a training split of this many characters, on a machine that
+    trains the reference at `speed` characters a second; `kept` holds the user's own keys: model.block_size, for the
+    batch to keep CHARS_PER_STEP characters a step. `val_chars`, the validation split's size, shortens the context
+    where that split could not hold one window of the row's; `spent`, seconds the probe took, comes out of training."""
     kept = kept or {}
-    row = row_for(seconds)
+    row = row_for(seconds, speed)
     context = kept.get("model.block_size", context_for(row, min(train_chars, val_chars or train_chars)))
     width = width_for(row.depth)
     scale = math.sqrt(REFERENCE_WIDTH / width)
-    dropout, muon_weight_decay = regularisation_for(reference_epochs(seconds, train_chars))
+    dropout, muon_weight_decay = regularisation_for(reference_epochs(seconds, train_chars, speed))
     return {
         **FIXED,
         "model.n_layer": row.depth,
@@ -174,7 +204,7 @@ def recipe_for(
         "train.muon_lr": _sig2(REFERENCE_LR * scale),
         "train.head_lr": _sig2(REFERENCE_HEAD_LR * scale),
         "train.eval_interval": row.eval_interval,
-        "train.max_seconds": training_seconds(seconds),
+        "train.max_seconds": round(max(training_seconds(seconds) - spent, 1.0), 1),
         "train.max_steps": 0,
     }
 
@@ -216,14 +246,20 @@ class BudgetRequest:
     sets: list[str]
     options: cfg.Options
     user_keys: dict[str, str] = field(default_factory=dict)  # key -> where the user gave it
+    speed: Speed | None = None  # given (--speed, CHARLM_SPEED), else measured when the run starts
 
     def config(self, say: Callable[[str], None]) -> Config:
-        """The run's configuration: the rule's keys where the user gave none; says what was chosen in one line."""
+        """The run's configuration: the rule's keys where the user gave none, for the speed given or measured here;
+        says the speed and what was chosen, a line each."""
         base = _check_with_rule(self.text, self.seconds, self.config_file, self.sets, self.options, self.user_keys)
         ensure_builtin_corpus(base.data.path, say)
         chars, val_chars = split_characters(base)
         kept = {k: v for k, v in base.flat().items() if k in self.user_keys}
-        recipe = recipe_for(self.seconds, chars, kept, val_chars)
+        self.speed = self.speed or measure_speed(base, say)
+        speed = self.speed.chars_per_s
+        say(f"{self.speed.words()}: {self.text} here buys what {_duration(compute_seconds(self.seconds, speed))} buys "
+            "on the 2-core CPU the rule was measured on")  # fmt: skip
+        recipe = recipe_for(self.seconds, chars, kept, val_chars, speed, self.speed.seconds)
         theirs = set(self.user_keys)
         if "model.dropout" in theirs:  # a dropout of the user's own keeps its own reach
             theirs.add("model.attention_dropout")
@@ -233,11 +269,31 @@ class BudgetRequest:
         say(self.describe(config, (chars, val_chars), sorted(k for k in recipe if k in self.user_keys)))
         return config
 
+    def record(self) -> dict[str, Any]:
+        """budget.json in the run folder: the budget, the speed it was read with and what that bought."""
+        speed = self.speed.chars_per_s if self.speed else PROBE_REFERENCE_CHARS_PER_S
+        row = row_for(self.seconds, speed)
+        return {
+            "budget": self.text,
+            "seconds": self.seconds,
+            "speed": self.speed.as_dict() if self.speed else None,
+            "reference_chars_per_s": PROBE_REFERENCE_CHARS_PER_S,
+            "compute_seconds": compute_seconds(self.seconds, speed),
+            "depth": row.depth,
+            "capped": math.isinf(row.up_to_s),
+        }
+
     def describe(self, config: Config, splits: tuple[int, int], kept: list[str]) -> str:
         m, t = config.model, config.train
-        chars, row = splits[0], row_for(self.seconds)
-        epochs = expected_epochs(self.seconds, m.n_layer, m.n_embd, chars)
-        limit = "any budget" if math.isinf(row.up_to_s) else f"budgets up to {_duration(row.up_to_s)}"
+        speed = self.speed.chars_per_s if self.speed else PROBE_REFERENCE_CHARS_PER_S
+        chars, row = splits[0], row_for(self.seconds, speed)
+        epochs = expected_epochs(self.seconds, m.n_layer, m.n_embd, chars, speed)
+        reference = reference_epochs(self.seconds, chars, speed)
+        limit = (
+            "the table's deepest row, its cap: a deeper model wants a recipe measured for it"
+            if math.isinf(row.up_to_s)
+            else f"budgets up to {_duration(row.up_to_s)} of the reference CPU"
+        )
         mine = config.flat()
         yours = "; yours kept: " + ", ".join(f"{k}={mine[k]}" for k in kept) if kept else ""
         layers = f"{m.n_layer} layer{'s' if m.n_layer > 1 else ''}"
@@ -251,7 +307,7 @@ class BudgetRequest:
             f"budget {self.text}: {t.max_seconds:g} s of training; for {limit} (charlm/training/budget.py) "
             f"{layers} x {m.n_embd} wide, {m.n_head} heads, {context} x batch {t.batch_size}, dropout "
             f"{m.dropout:g}{outside}{decay} (~{epochs:.0f} epochs of {chars:,} training characters; regularisation by "
-            f"the {REFERENCE_DEPTH} x {REFERENCE_WIDTH} reference's ~{reference_epochs(self.seconds, chars):.0f}), "
+            f"the {REFERENCE_DEPTH} x {REFERENCE_WIDTH} reference's ~{reference:.0f}), "
             f"lr {t.lr:.2g}, evaluations every {t.eval_interval} steps{yours}"
         )
 
@@ -259,12 +315,22 @@ class BudgetRequest:
 def _duration(seconds: float) -> str:
     if seconds % 3600 == 0:
         return f"{seconds / 3600:g} h"
-    return f"{seconds / 60:g} min" if seconds >= 120 else f"{seconds:g} s"
+    if seconds >= 7200:
+        return f"{seconds / 3600:.3g} h"
+    return f"{seconds / 60:.3g} min" if seconds >= 120 else f"{seconds:.3g} s"
 
 
-def plan_budget(text: str, config_file: str | None, sets: list[str], options: cfg.Options) -> BudgetRequest:
-    """Check a --budget against the command's other settings (one line for each mistake) before anything runs."""
+def plan_budget(
+    text: str, config_file: str | None, sets: list[str], options: cfg.Options, speed: Speed | None = None
+) -> BudgetRequest:
+    """Check a --budget against the command's other settings (one line for each mistake) before anything runs; a
+    `speed` given spares the probe."""
     seconds = parse_budget(text)
+    if speed is None and seconds < MOST_PROBE_SECONDS * 3:
+        raise UsageError(
+            f"--budget {text} leaves no room to measure this machine's speed (the probe takes up to "
+            f"{MOST_PROBE_SECONDS:g} s): give at least {MOST_PROBE_SECONDS * 3:g}s, or the speed with --speed"
+        )
     user_keys = {s.key: s.source for s in map(cfg.parse_set, sets)}
     user_keys |= {key: flag for key, (flag, value) in options.items() if value is not None}
     if "train.max_seconds" in user_keys:
@@ -286,7 +352,7 @@ def plan_budget(text: str, config_file: str | None, sets: list[str], options: cf
             f"--budget picks the recipe of a decoder on running text, not of {run_family.noun or 'this run'}; for "
             "this run set train.max_seconds yourself"
         )
-    return BudgetRequest(text, seconds, config_file, list(sets), dict(options), user_keys)
+    return BudgetRequest(text, seconds, config_file, list(sets), dict(options), user_keys, speed)
 
 
 def _check_with_rule(

@@ -39,6 +39,7 @@ from charlm.training.finetune import (
 )
 from charlm.training.loop import Trainer
 from charlm.training.metrics import require_loggers
+from charlm.training.probe import given_speed
 from charlm.training.setup import StopRequest, seed_for_rank, training_dtype
 
 # Keys that may change when resuming: limits, schedule knobs, logging and the sampling defaults. Anything else would
@@ -86,11 +87,12 @@ class RunRequest:
     def run(
         self, *, quiet: bool = False, reporter: TrainReporter | None = None, stop: StopRequest | None = None
     ) -> TrainSummary | None:
-        config = self.config
+        config, notes, started = self.config, {}, time.perf_counter()  # the probe's seconds count in the run's wall
         if self.budget is not None:
             reporter = reporter or TrainReporter(quiet)
             check_out_dir(self.out_dir, self.resume, self.overwrite)  # a refused folder before the budget's line
             config = self.budget.config(reporter.info)
+            notes = {"budget.json": self.budget.record()}
         return run_training(
             config,
             self.out_dir,
@@ -102,6 +104,8 @@ class RunRequest:
             stop=stop,
             init_from=self.init_from,
             extend_vocab=self.extend_vocab,
+            notes=notes,
+            started=started,
         )
 
 
@@ -116,10 +120,14 @@ def resolve_run(
     init_from: str | Path | None = None,
     extend_vocab: bool = False,
     budget: str | None = None,
+    speed: str | None = None,
 ) -> RunRequest:
     """The one sequence the command line and the Python API share: the requested settings, then the run folder
-    (given, or runs/<config name>). A `budget` ('10m') is checked here and picks its recipe when the run starts."""
+    (given, or runs/<config name>). A `budget` ('10m') is checked here and picks its recipe when the run starts, for
+    the `speed` given ('31k' characters a second of the reference model; CHARLM_SPEED) or measured then."""
     planned = None
+    if speed is not None and budget is None:
+        raise UsageError("--speed is the machine's speed for --budget's rule; give it with --budget (or leave it out)")
     if budget is not None:
         if resume:
             raise UsageError(
@@ -129,7 +137,7 @@ def resolve_run(
             raise UsageError(
                 "--budget picks a model's shape and --init-from keeps its model's; give --max-seconds instead"
             )
-        planned = plan_budget(budget, config_file, sets, options)
+        planned = plan_budget(budget, config_file, sets, options, given_speed(speed))
     # With a budget, the run's config waits for the rule (planned.config): plan_budget has checked the settings.
     settings, changes = (None, {}) if planned else requested_config(config_file, sets, options, resume, init_from)
     if init_from is not None and not resume:  # the source's model, unless the command line asks otherwise
@@ -220,15 +228,18 @@ def run_training(
     stop: StopRequest | None = None,
     init_from: str | Path | None = None,
     extend_vocab: bool = False,
+    notes: dict[str, Any] | None = None,
+    started: float | None = None,
 ) -> TrainSummary | None:
     """Everything `charlm train` does: checks first, then data, model, loop, final full validation pass.
 
     With resume=True the run in out_dir continues; `config` (if given) and `resume_changes` are compared with its
     saved settings (see resume_config). With init_from, a fresh run starts from that model's weights, shape and
     vocabulary (training.finetune; extend_vocab adds the new text's characters). Under torchrun every rank calls this;
-    rank 0 alone writes files and returns the summary (the others return None).
+    rank 0 alone writes files and returns the summary (the others return None). `notes` are JSON files for the run
+    folder (budget.json); `started`, when the command began, if before this call (a budget's probe).
     """
-    wall_start = time.perf_counter()
+    wall_start = time.perf_counter() if started is None else started
     created = not out_dir.exists()
     dist = Dist()
     reporter = reporter or TrainReporter(quiet)
@@ -263,6 +274,7 @@ def run_training(
             source,
             extend_vocab,
             wall_start,
+            notes,
         )
         summary = trainer.run()
         dist.barrier()  # leave together: a rank tearing down while rank 0 still evaluates can abort (gloo)
@@ -287,6 +299,7 @@ def _build(
     source: Checkpoint | None = None,
     extend_vocab: bool = False,
     started: float | None = None,
+    notes: dict[str, Any] | None = None,
 ) -> Trainer:
     """Data, model and trainer, every check done before the run folder is touched."""
     device = pick_device(device_name)
@@ -349,7 +362,7 @@ def _build(
             "model.n_layer or model.n_embd"
         ) from None
     seed_everything(seed_for_rank(config.train.seed, dist.rank))  # then each rank its own dropout stream
-    folder = RunFolder(out_dir, config, corpus.tokenizer, writes=dist.is_main, replaced=replaced)
+    folder = RunFolder(out_dir, config, corpus.tokenizer, writes=dist.is_main, replaced=replaced, notes=notes)
     trainer = Trainer(config, model, corpus, device, folder, reporter, stop, dist, started)
     size = data_bytes(config.data.path)
     if ckpt:
