@@ -1,5 +1,5 @@
-"""The docs cannot drift: blocks of command output they show are what charlm prints today (the cited test names
-are checked by tests/test_readme.py)."""
+"""The docs cannot drift: blocks of command output they show are what charlm prints today, and every link leads to
+a file and heading that exist (the cited test names are checked by tests/test_readme.py)."""
 
 from __future__ import annotations
 
@@ -196,3 +196,52 @@ def test_the_history_check_catches_planted_words(planted):
     clean = "charlm train --data data/tinyshakespeare.txt  # 1.4948 nats/char, 2026-11-23, AMD EPYC, torch 2.13.0+cpu\n"
     assert history_problems(clean) == []
     assert history_problems(clean + planted)
+
+
+def heading_anchors(text: str) -> set[str]:
+    """The anchors GitHub gives a Markdown file's headings: lower case, punctuation dropped, spaces as hyphens, a
+    repeated heading numbered (-1, -2, ...); headings inside fenced code are not headings."""
+    anchors: set[str] = set()
+    seen: dict[str, int] = {}
+    fenced = False
+    for line in text.splitlines():
+        if line.startswith("```"):
+            fenced = not fenced
+        if fenced or not (m := re.match(r"#{1,6} +(.*?) *#* *$", line)):
+            continue
+        slug = re.sub(r"[^\w\- ]", "", m.group(1).lower()).replace(" ", "-")
+        anchors.add(f"{slug}-{seen[slug]}" if slug in seen else slug)
+        seen[slug] = seen.get(slug, 0) + 1
+    return anchors
+
+
+def broken_links(doc: Path) -> list[str]:
+    """Each relative link of a doc (outside fenced code) whose file is missing or whose #anchor no heading has."""
+    text = re.sub(r"```.*?```", "", doc.read_text(encoding="utf-8"), flags=re.S)
+    broken = []
+    for target in re.findall(r"\]\(([^)\s]+)\)", text):
+        if re.match(r"[a-z]+:", target):  # http:, https:, mailto:
+            continue
+        path, _, anchor = target.partition("#")
+        linked = (doc.parent / path).resolve() if path else doc
+        if not linked.exists():
+            broken.append(f"{target}: no such file")
+        elif anchor and linked.suffix == ".md" and anchor not in heading_anchors(linked.read_text(encoding="utf-8")):
+            broken.append(f"{target}: no such heading")
+    return broken
+
+
+def test_every_link_in_the_docs_resolves():
+    """The README's and docs' links lead somewhere: the file exists and the #anchor is one of its headings."""
+    broken = {doc.relative_to(REPO).as_posix(): found for doc in DOCS if (found := broken_links(doc))}
+    assert not broken, broken
+
+
+def test_the_link_check_catches_a_wrong_anchor(tmp_path):
+    doc = tmp_path / "a.md"
+    doc.write_text("# A\n\n## Today's figures: 100 s\n\n## Today's figures: 100 s\n\n```\n## not a heading\n```\n")
+    assert heading_anchors(doc.read_text()) == {"a", "todays-figures-100-s", "todays-figures-100-s-1"}
+    doc.write_text(doc.read_text() + "[ok](#todays-figures-100-s-1) [ok](a.md#a) [web](https://example.com/#x)\n")
+    assert broken_links(doc) == []
+    doc.write_text(doc.read_text() + "[bad](#not-a-heading) [gone](missing.md)\n")
+    assert broken_links(doc) == ["#not-a-heading: no such heading", "missing.md: no such file"]

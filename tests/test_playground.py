@@ -2,8 +2,8 @@
 `charlm serve`: a prompt typed and generated (streamed), the sliders starting from the server's sampling defaults, the
 score view and the attention view.
 
-Set CHARLM_SCREENSHOT_DIR to save the pages as PNGs (docs/playground*.png are made this way), and
-CHARLM_SCREENSHOT_MODEL to show another checkpoint than the tests' small one.
+Set CHARLM_SCREENSHOT_DIR to save the pages as PNGs, and CHARLM_SCREENSHOT_MODEL to show another checkpoint than
+the tests' small one (docs/playground*.png are made by scripts/make_pictures.py).
 """
 
 from __future__ import annotations

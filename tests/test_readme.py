@@ -1,6 +1,9 @@
-"""README and docs against the code: CI runs the README's test command, every test and module named exists, and the
-command table lists every command."""
+"""README and docs against the code: CI runs the README's test command, every test and module named exists, the
+command table lists every command, and the quickstart shows what `charlm train` prints."""
 
+import re
+
+import pytest
 from conftest import REPO
 
 
@@ -69,3 +72,107 @@ def test_the_readme_is_a_short_read_in_the_projects_width():
     lines = (REPO / "README.md").read_text(encoding="utf-8").splitlines()
     wide = [f"README.md:{number}: {len(line)} columns" for number, line in enumerate(lines, 1) if len(line) > 120]
     assert len(lines) <= 250 and not wide, (len(lines), wide)
+
+
+# The README's quickstart shows what a first `charlm train` prints, in a block marked `<!-- train-output ... -->`.
+TRAIN_BLOCK = re.compile(r"<!-- train-output[^\n]*-->\n```text\n(?P<body>.*?)```", re.S)
+NUMBER = re.compile(r"\d[\d,]*(?:\.\d+)?(?:e[-+]?\d+)?")
+
+
+def masked(line: str) -> str:
+    """A printed line with its figures as N and its runs of spaces as one (column widths follow the figures)."""
+    return " ".join(NUMBER.sub("N", line).split())
+
+
+# Header lines that say what this CPU does (bfloat16 where it pays, oneDNN's kernels on AMD's): they differ by CPU kind.
+CPU_LINES = ("precision:", "linear layers:")
+
+
+def machine_free(header: list[str]) -> list[str]:
+    """The header's lines less those that depend on the CPU (each with the lines that wrap it: they start with
+    spaces)."""
+    kept, dropping = [], False
+    for line in header:
+        dropping = line.startswith(CPU_LINES) or (dropping and line.startswith(" "))
+        if not dropping:
+            kept.append(line)
+    return kept
+
+
+def train_output_parts(lines: list[str]) -> dict[str, list[str]]:
+    """What `charlm train` prints, in its parts, figures masked: the header (its lines as one text, so that the
+    README may wrap a line wider than its 120 columns; the lines that depend on the CPU left out), the evaluation
+    table's heading, its rows (the mark of an improvement left out; `...` where the README abridges) and the summary
+    (from `done (...)` on, as one text). Parts that are not there are empty."""
+    lines = [line for line in lines if line.strip()]
+    heading = next((i for i, line in enumerate(lines) if line.split()[:3] == ["step", "train", "val"]), len(lines))
+    done = next((i for i, line in enumerate(lines) if line.startswith("done (")), len(lines))
+    return {
+        "header": [masked(" ".join(machine_free(lines[:heading])))],
+        "table": [masked(line) for line in lines[heading : heading + 1]],
+        "rows": [masked(line.removesuffix(" *").rstrip()) for line in lines[heading + 1 : done]],
+        "summary": [masked(" ".join(lines[done:]))],
+    }
+
+
+def train_output_problems(shown: list[str], printed: list[str]) -> list[str]:
+    """How the README's block (`shown`, its lines after the command) differs from what `charlm train` printed, figures
+    aside: its header lines, table heading and summary must be the printed ones, in order, word for word (a line
+    may be wrapped); each of its rows must have a printed row's form."""
+    readme, run = train_output_parts(shown), train_output_parts(printed)
+    problems = [
+        f"{part}: the README shows {readme[part]}, charlm train prints {run[part]}"
+        for part in ("header", "table", "summary")
+        if readme[part] != run[part] or not any(run[part])
+    ]
+    rows = [row for row in readme["rows"] if row != "..."]
+    if not rows or not set(rows) <= set(run["rows"]):
+        problems.append(f"rows: the README shows {readme['rows']}, charlm train prints {run['rows']}")
+    return problems
+
+
+def readme_train_block() -> list[str]:
+    block = TRAIN_BLOCK.search((REPO / "README.md").read_text(encoding="utf-8"))
+    assert block, "README.md has no `<!-- train-output -->` block"
+    command, *shown = block.group("body").splitlines()
+    assert command == "$ charlm train"
+    return shown
+
+
+def test_the_readme_shows_what_a_first_train_prints(tmp_path, corpus):
+    """The quickstart's output block is what `charlm train` prints today, figures aside: one second of
+    configs/cpu.yaml, as plain `charlm train` runs it, on the shipped excerpt. The header's lines that say what this
+    CPU does (precision, linear kernels) differ by CPU kind and are compared by being there, not word for word."""
+    import shutil
+
+    from conftest import run_cli
+
+    (tmp_path / "data").mkdir()
+    shutil.copy(corpus, tmp_path / "data" / "tinyshakespeare.txt")
+    result = run_cli("train", "--out-dir", "runs/cpu", "--max-seconds", "1", "--device", "cpu", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    problems = train_output_problems(readme_train_block(), (result.stderr + result.stdout).splitlines())
+    assert not problems, problems
+    assert [line for line in readme_train_block() if line.startswith(CPU_LINES)], "the block shows no precision line"
+
+
+@pytest.mark.parametrize(
+    "old, new",
+    [
+        ("lr schedule:", "learning rate:"),  # a header line reworded
+        ("linear layers:", "matrix products:"),  # a line of the CPU's, no longer one
+        ("    step    train", "    iter    train"),  # the table's heading
+        ("done (", "finished ("),  # the summary reworded
+        ("best val loss", "lowest val loss"),
+        ("checkpoints in", "saved in"),
+    ],
+)
+def test_the_train_output_check_catches_a_reworded_line(old, new):
+    shown = readme_train_block()
+    reworded = [line.replace(old, new) for line in shown]
+    assert reworded != shown, f"{old!r} is not in the README's block"
+    assert train_output_problems(shown, shown) == []
+    assert train_output_problems(shown, reworded)
+    assert train_output_problems(reworded, shown)
+    without_schedule = [line for line in shown if not line.startswith(("lr schedule:", "  train.lr_schedule"))]
+    assert train_output_problems(shown, without_schedule)  # a header line no longer printed

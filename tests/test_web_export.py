@@ -3,8 +3,8 @@ tests/test_playground.py drives it) opens the page from a static file server on 
 installed by npm into the test's own folder and bundled by --runtime. Greedy text equals `charlm sample
 --temperature 0`; a seed repeats its text; a missing model file is one line on the page.
 
-Set CHARLM_SCREENSHOT_DIR to save the page as a PNG (docs/web-page.png is made this way), and
-CHARLM_SCREENSHOT_MODEL to show another checkpoint than the tests' small one.
+Set CHARLM_SCREENSHOT_DIR to save the page as a PNG, and CHARLM_SCREENSHOT_MODEL to show another checkpoint than
+the tests' small one (docs/web-page.png is made by scripts/make_pictures.py).
 """
 
 from __future__ import annotations
