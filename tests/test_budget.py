@@ -270,3 +270,20 @@ def test_a_budget_too_small_for_the_probe_and_a_bad_speed_are_refused(tmp_path, 
     assert_one_line_error(run_cli("train", "--budget", "1m", *out), 2, "CHARLM_SPEED 'slow' is not a speed")
     assert_one_line_error(run_cli("train", "--speed", "31k", *out), 2, "give it with --budget")
     assert not (tmp_path / "run").exists()
+
+
+def test_the_users_keys_are_checked_beside_the_row_the_speed_picks(tmp_path, corpus):
+    """Three heads fit the reference speed's 2-minute row (96 wide); ten times the speed picks 20 minutes' 128 wide,
+    and the refusal names what the rule chose for that speed."""
+    args = ["train", "--budget", "2m", "--set", "model.n_head=3", "--data", corpus, "--max-steps", 1, *BRIEF_SCORING]
+    run_cli(*args, "--out-dir", tmp_path / "slow", "-q", check=True)
+    fast = run_cli(*args, "--speed", "260k", "--out-dir", tmp_path / "fast")
+    assert_one_line_error(fast, 2, "--budget 2m chose model.n_embd=128", "--set")
+
+
+def test_a_gpus_speed_reads_in_millions_and_torchrun_must_give_one(tmp_path, monkeypatch):
+    assert Speed(1.3e6, "--speed").words().startswith("1.3M chars/s for the 4 x 96 reference here")
+    monkeypatch.delenv("CHARLM_SPEED")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    result = run_cli("train", "--budget", "10m", "--out-dir", tmp_path / "run")
+    assert_one_line_error(result, 2, "--budget under torchrun needs --speed")

@@ -107,3 +107,25 @@ def test_the_budget_counts_a_users_keys_not_the_recipe_they_build_on(tmp_path):
     mine = _write(tmp_path / "my.yaml", "model:\n  n_layer: 4\n")
     user_keys = plan_budget("10m", str(mine), [], {}).user_keys
     assert set(user_keys) == {"model.n_layer"}  # not configs/cpu.yaml's keys, which the rule replaces
+
+
+def test_a_split_file_outranks_the_fraction_of_the_config_below(tmp_path):
+    (tmp_path / "dev.txt").write_text("abc\n")
+    mine = _write(tmp_path / "mine.yaml", f"base: names\ndata:\n  val_path: {tmp_path / 'dev.txt'}\n")
+    config, origins = key_origins(mine, [])
+    assert config.data.val_path.endswith("dev.txt") and config.data.val_fraction == Config().data.val_fraction
+    assert origins["data.val_fraction"] == "default" and origins["data.test_fraction"] == "configs/names.yaml"
+    both = _write(
+        tmp_path / "both.yaml", f"base: names\ndata:\n  val_path: {tmp_path / 'dev.txt'}\n  val_fraction: 0.2\n"
+    )
+    with pytest.raises(UsageError, match="both choose the val split"):  # set at one level, they still disagree
+        load_config(both)
+
+
+def test_a_run_folder_named_like_a_shipped_config_never_stands_in_for_it(tmp_path):
+    (tmp_path / "cpu").mkdir()  # runs/cpu seen from runs/: a run folder called cpu in the current folder
+    (tmp_path / "cpu" / "config.yaml").write_text(load_config("tiny").to_yaml())
+    _write(tmp_path / "mine.yaml", "train:\n  seed: 3\n")
+    shown = run_cli("config", "--config", "mine.yaml", cwd=tmp_path, check=True).stdout
+    assert "configs/cpu.yaml <- mine.yaml" in shown and yaml.safe_load(shown)["model"]["n_layer"] == 3
+    assert load_config(tmp_path / "cpu").model.n_layer == 2  # named by its path, it is the run's

@@ -107,8 +107,9 @@ class Model:
     def sample_items(self, prompt: str = "", options: DecodeOptions | None = None, novel: bool = False) -> dict:
         """A lines model's items (`charlm sample`): {"items": [{"text", "logprob", "per_char", "ended"}], "sampled",
         "chars_per_s", "training", "held_out", "new", "new_share", "against"} (how many samples were items of the
-        run's training split, of its validation or test split, or new); `novel` draws until options.num_samples items
-        are new, in none of the run's files, and keeps only those."""
+        run's training split, of its validation or test split, or new; when none of the run's files can be read,
+        "unchecked" says why instead, and "missing" names the files gone); `novel` draws until options.num_samples
+        items are new, in none of the run's files, and keeps only those."""
         if options is not None and not isinstance(options, DecodeOptions):
             raise UsageError(f"options must be a charlm DecodeOptions (DecodeOptions.from_config), got {options!r}")
         prompt = string_argument(prompt, "prompt")

@@ -184,7 +184,7 @@ def train(
         Optional[str],
         typer.Option(
             help="With --budget: this machine's speed, the 4 x 96 reference model's training characters a second "
-            "(26k, 1.3M; the 2-core CPU the rule was measured on: 26k), instead of measuring it for a few seconds "
+            "(26k, 1.3M: what the first line of a measured run says), instead of measuring it for a few seconds "
             "first (also CHARLM_SPEED).",
             show_default=False,
         ),

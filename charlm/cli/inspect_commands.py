@@ -59,13 +59,13 @@ def info(
     from charlm.cli.report import print_model_info
     from charlm.config import schema as cfg
     from charlm.families.registry import model_info
-    from charlm.storage.checkpoint import RUNS_DIR
+    from charlm.storage.checkpoint import run_checkpoints
     from charlm.storage.loading import load_model_file
 
     if checkpoint is not None and (config is not None or set_ or vocab_size is not None):
         raise UsageError("give a checkpoint or --config/--set/--vocab-size, not both (a checkpoint has its vocabulary)")
     by_config = config is not None or set_ or vocab_size is not None
-    if checkpoint is None and not by_config and any(RUNS_DIR.glob("*/best.pt")):
+    if checkpoint is None and not by_config and run_checkpoints():
         checkpoint = str(checkpoint_path(None))
     if checkpoint is not None:
         ckpt = load_model_file(checkpoint)

@@ -69,7 +69,9 @@ def say_counts(result: dict[str, Any], novel: bool, notes: list[str]) -> None:
         n, left_out = result["sampled"], result["sampled"] > result["new"]
         counts = (
             f"{n} sample{'s' * (n != 1)}: {result['training']} in training, {result['held_out']} held out "
-            f"(validation/test), {result['new']} new" + (" (only the new printed)" if novel and left_out else "")
+            f"(validation/test), {result['new']} new"
+            + (f", {result['unfinished']} unfinished (cut by a cap, or empty)" if result.get("unfinished") else "")
+            + (" (only the new printed)" if novel and left_out else "")
         )
         notes = [counts, *notes]
     if notes:

@@ -1,5 +1,5 @@
 """The settings that must agree with model.arch, checked with the rest of the config (no torch imported here): one
-rule per model family, looked up by name (charlm.families' objects answer config_problems with these)."""
+rule per model family, looked up by name."""
 
 from __future__ import annotations
 

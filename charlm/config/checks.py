@@ -78,29 +78,30 @@ def _range_problem(value: float, meta: Mapping[str, Any]) -> str | None:
 GIVEN_SPLITS = {"val": ("data.val_fraction", "data.val_size"), "test": ("data.test_fraction", "data.test_size")}
 
 
-def settle_given_splits(config: Any, settings: list[Setting], file_settings_count: int) -> list[str]:
+def settle_given_splits(config: Any, settings: list[Setting]) -> list[str]:
     """Settle each split given as a file against its fractions, returning what is refused. A split is either a given
     file or carved from data.path, so a fraction or size other than its default beside its file is refused. The
-    command line outranks a config file: a file's fraction yields to a path given on the command line and is put
-    back to its default here (so the run's saved config.yaml loads as it is); set at the same level, or the fraction
-    later, they are refused. Values at their defaults are never asked about: a saved config holds every key."""
+    command line outranks a config file, and a config file the configs it builds on (Setting.level): a fraction
+    yields to a path given at a higher level and is put back to its default here (so the run's saved config.yaml
+    loads as it is); set at the same level, or the fraction higher, they are refused. Values at their defaults are
+    never asked about: a saved config holds every key."""
     problems = []
     defaults = type(config.data)()
     for split, keys in GIVEN_SPLITS.items():
         given = getattr(config.data, f"{split}_path")
         if not given:
             continue
-        path_level = max((i >= file_settings_count for i, s in enumerate(settings) if s.key == f"data.{split}_path"))
+        path_level = max(s.level for s in settings if s.key == f"data.{split}_path")
         for key in keys:
             name = key.removeprefix("data.")
             if getattr(config.data, name) == getattr(defaults, name):
                 continue
             last = max(i for i, s in enumerate(settings) if s.key == key)  # the setting that gave the value
-            if (last >= file_settings_count) >= path_level:
+            if settings[last].level >= path_level:
                 problems.append(
                     f"{key} ({settings[last].source}) and data.{split}_path={given} both choose the {split} split: "
                     f"the given file is used as it is, so remove {key}"
                 )
-            else:  # a config file's fraction, yielding to the file named on the command line
+            else:  # a fraction of a config below, yielding to the file named above it
                 setattr(config.data, name, getattr(defaults, name))
     return problems

@@ -9,18 +9,22 @@ from typing import Any
 
 import yaml
 
+from charlm.config.checks import GIVEN_SPLITS
 from charlm.config.schema import DEFAULT_CONFIG, Config, Options, traced_config
 from charlm.config.sources import config_chain
 
 DEFAULT_ORIGIN = "default"  # the schema's own value: no file and no option set the key
+GIVEN_SPLIT_KEYS = {key for keys in GIVEN_SPLITS.values() for key in keys}
 
 
 def key_origins(path: str | Path | None, sets: list[str], options: Options | None = None) -> tuple[Config, dict]:
     """The config load_config resolves, and for each `section.key` what gave its value (the last setting of it)."""
     config, settings = traced_config(path, sets, options)
-    origins = dict.fromkeys(config.flat(), DEFAULT_ORIGIN)
+    values = config.flat()
+    origins = dict.fromkeys(values, DEFAULT_ORIGIN)
     for s in settings:
-        origins[s.key] = s.source
+        # a split's fraction put back to its default beside a split file given above it is the default's again
+        origins[s.key] = s.source if s.value == values[s.key] or s.key not in GIVEN_SPLIT_KEYS else DEFAULT_ORIGIN
     return config, origins
 
 

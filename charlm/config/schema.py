@@ -368,10 +368,9 @@ def traced_config(
 ) -> tuple[Config, list[Setting]]:
     """load_config, with the settings it applied in order (the last one of a key gave its value)."""
     settings, errors = chain_settings(str(path), DEFAULT_CONFIG, SECTION_KEYS) if path is not None else ([], [])
-    from_file = len(settings)
     settings += [parse_set(item) for item in sets] + option_settings(options or {})
     config = _build_reporting_all(settings, errors)
-    raise_all(settle_given_splits(config, settings, from_file))
+    raise_all(settle_given_splits(config, settings))
     return config, settings
 
 

@@ -34,18 +34,20 @@ SCHEMA_DEFAULTS = "defaults"
 
 
 def find_config(name_or_path: str) -> Path:
-    """A path as given (a run folder: its config.yaml), or the name of a shipped config ("cpu", "tiny.yaml")."""
+    """A file as given, the name of a shipped config ("cpu", "tiny.yaml"), or a run folder (its config.yaml). A bare
+    name is a shipped config's unless a file of that name is here: a run folder called `cpu` (runs/cpu, seen from
+    runs/) never stands in for configs/cpu.yaml."""
     path = Path(name_or_path)
-    if path.is_dir() and (path / "config.yaml").is_file():
-        return path / "config.yaml"
-    if path.exists():
-        return path
     stem = path.name[:-5] if path.name.endswith(".yaml") else path.name
-    if path.parent == Path("."):  # a bare name: look among the shipped configs
+    if path.parent == Path(".") and not path.is_file():  # a bare name: the shipped configs first
         for folder in CONFIG_DIRS:
             candidate = folder / f"{stem}.yaml"
             if candidate.is_file():
                 return candidate
+    if path.is_dir() and (path / "config.yaml").is_file():
+        return path / "config.yaml"
+    if path.exists():
+        return path
     shipped = ", ".join(shipped_config_names()) or "none found"
     raise UsageError(f"config file not found: {name_or_path} (shipped configs: {shipped})")
 
@@ -157,8 +159,8 @@ def chain_settings(
     """The settings of a config file and of every file it builds on, the root's first, with the problems found."""
     settings: list[Setting] = []
     errors: list[str] = []
-    for f in config_chain(name_or_path, default_recipe):
-        found, problems = file_settings(f.sections, f.shown, sections)
+    for level, f in enumerate(config_chain(name_or_path, default_recipe)):
+        found, problems = file_settings(f.sections, f.shown, sections, level)
         settings, errors = settings + found, errors + problems
     return settings, errors
 
@@ -193,8 +195,10 @@ class Setting:
     key: str
     value: Any
     source: str
+    level: int = 0  # who outranks whom: the configs of a chain from 0 (its root) up, then COMMAND_LINE
 
 
+COMMAND_LINE = 1 << 30  # --set and first-class options outrank every config file
 Options = dict[str, tuple[str, Any]]  # dotted key -> (the flag the user typed, its value or None if not given)
 
 
@@ -210,7 +214,7 @@ def parse_set(item: str) -> Setting:
         value = text
     if isinstance(value, dict):
         value = text  # no mappings: keep the text and let the type check name the key
-    return Setting(key, _yaml_float(value), f"--set {item}")
+    return Setting(key, _yaml_float(value), f"--set {item}", COMMAND_LINE)
 
 
 def _yaml_float(value: Any) -> Any:
@@ -225,7 +229,7 @@ def _yaml_float(value: Any) -> Any:
 
 def option_settings(options: Options) -> list[Setting]:
     """First-class CLI options; those not given (None) leave the key alone."""
-    return [Setting(key, value, flag) for key, (flag, value) in options.items() if value is not None]
+    return [Setting(key, value, flag, COMMAND_LINE) for key, (flag, value) in options.items() if value is not None]
 
 
 def suggestion(word: str, options: list[str], prefix: str = "") -> str:
@@ -235,7 +239,7 @@ def suggestion(word: str, options: list[str], prefix: str = "") -> str:
 
 
 def file_settings(
-    raw: dict[str, Any], source: str, sections: Mapping[str, list[str]]
+    raw: dict[str, Any], source: str, sections: Mapping[str, list[str]], level: int = 0
 ) -> tuple[list[Setting], list[str]]:
     """A config file's settings; `sections` maps each section to its keys. Each top-level key is checked to be a
     section first: an unknown one is named even when it holds nothing, and a key written at the top (`n_layer: 2`,
@@ -256,5 +260,5 @@ def file_settings(
             errors.append(f"{section}: expected a mapping of keys under '{section}:' ({source})")
             continue
         for key, value in body.items():
-            settings.append(Setting(f"{section}.{key}", _yaml_float(value), source))
+            settings.append(Setting(f"{section}.{key}", _yaml_float(value), source, level))
     return settings, errors

@@ -180,11 +180,14 @@ class KnownItems:
         """Which the text is: one of "training", "held_out" and "new"."""
         return "training" if text in self.train else "held_out" if text in self.held_out else "new"
 
-    def counts(self, texts: list[str]) -> dict[str, Any]:
-        """{"sampled"}, and unless no file could be read, how many texts are "training" items, "held_out" items
-        (validation, test) and "new" (in no file), "new_share" and "against" (what was read); "missing" names the
-        files no longer on disk, "unchecked" says why nothing was compared."""
-        out: dict[str, Any] = {"sampled": len(texts)}
+    def counts(self, texts: list[str], sampled: int | None = None) -> dict[str, Any]:
+        """{"sampled"} (the draws: `texts`, the whole items among them, and "unfinished" ones cut by a cap or empty),
+        and unless no file could be read, how many texts are "training" items, "held_out" items (validation, test) and
+        "new" (in no file), "new_share" and "against" (what was read); "missing" names the files no longer on disk,
+        "unchecked" says why nothing was compared."""
+        out: dict[str, Any] = {"sampled": len(texts) if sampled is None else sampled}
+        if out["sampled"] > len(texts):
+            out["unfinished"] = out["sampled"] - len(texts)
         if self.read:
             kinds = [self.kind(text) for text in texts]
             out |= {kind: kinds.count(kind) for kind in ("training", "held_out", "new")}

@@ -126,7 +126,7 @@ def sample_until(
     frame: ItemFrame,
     prefix: list[int],
     options: DecodeOptions,
-    keep: Callable[[str], bool],
+    keep: Callable[[DrawnItem], bool],
     most: int,
 ) -> ItemDraws:
     """Items drawn options.num_samples at a time (seeds options.seed, options.seed + 1, ...) until options.num_samples
@@ -140,7 +140,7 @@ def sample_until(
         drawn, seconds, batch = drawn + draws.drawn, seconds + draws.seconds, batch + 1
         for item in draws.items:
             items.append(item)
-            kept += keep(item.text)
+            kept += keep(item)
             if kept == options.num_samples:
                 return ItemDraws(items, drawn, seconds)
     return ItemDraws(items, drawn, seconds)

@@ -25,7 +25,7 @@ from charlm.data.lines import (
 )
 from charlm.data.tokenizer import BOS, EOS, PAD, SPECIAL_CHARS, SPECIAL_CODES, UnknownPolicy, refuse_special_replacement
 from charlm.decoding.generate import SampleResult
-from charlm.decoding.items import ItemFrame, sample_items, sample_until
+from charlm.decoding.items import DrawnItem, ItemFrame, sample_items, sample_until
 from charlm.decoding.options import DecodeOptions
 from charlm.errors import UsageError, shell_path
 from charlm.evaluation.items import ItemsResult, item_logprobs, items_total, score_items
@@ -283,10 +283,14 @@ def draw_items(
     module, frame = family.as_lines(loaded), family.item_frame(loaded)  # another family is refused in one line
     prefix = family.encode_prompt(loaded, prompt, unknown, replace_with)
     known = run_items(loaded, novel)
-    keep = (lambda text: known.kind(text) == "new") if novel else (lambda text: True)
+
+    def keep(item: DrawnItem) -> bool:
+        """With --novel, a whole item (ended by the end symbol, not empty) in none of the run's files."""
+        return not novel or (item.ended == "end" and item.text != "" and known.kind(item.text) == "new")
+
     most = options.num_samples * (MOST_DRAWS if novel else 1)
     draws = sample_until(module, loaded.tokenizer, frame, prefix, options, keep, most)
-    kept = [item for item in draws.items if keep(item.text)]
+    kept = [item for item in draws.items if keep(item)]
     whole = [i for i, item in enumerate(kept) if item.ended == "end"]
     ids = [loaded.tokenizer.encode(kept[i].text) for i in whole]
     logprobs = dict(zip(whole, item_logprobs(module, ids, loaded.device) if ids else [], strict=True))
@@ -299,7 +303,8 @@ def draw_items(
         }
         for i, item in enumerate(kept)
     ]
-    counts = known.counts([item.text for item in draws.items])
+    # what the draws were, among whole items: one cut by a cap, or empty, is no item of any list
+    counts = known.counts([item.text for item in draws.items if item.ended == "end" and item.text], len(draws.items))
     return {"items": rows, "chars_per_s": draws.drawn / max(draws.seconds, 1e-9), **counts}
 
 

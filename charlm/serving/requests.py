@@ -73,7 +73,7 @@ TARGET_DEFAULTS = SamplingDefaults("model", temperature=0.0, top_k=None, top_p=1
 def model_defaults(options: DecodeOptions, limits: Limits) -> SamplingDefaults:
     """A decoder's own sampling settings (DecodeOptions.from_config of its checkpoint, as `charlm sample` takes them),
     max_tokens held within the server's --max-tokens."""
-    tokens = min(options.max_new_tokens, limits.max_tokens)
+    tokens = max(1, min(options.max_new_tokens, limits.max_tokens))  # a request asks for one character at least
     capped = options.max_new_tokens if tokens < options.max_new_tokens else None
     kept = (options.temperature, options.top_k, options.top_p, tokens, tuple(options.stop), capped)
     return SamplingDefaults("model", *kept)

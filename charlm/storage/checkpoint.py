@@ -134,10 +134,15 @@ class Checkpoint:
         return model.to(device)
 
 
+def run_checkpoints(runs_dir: Path = RUNS_DIR) -> list[Path]:
+    """Every runs_dir/*/best.pt. One level down only: a sweep's trials (runs/SWEEP/trial-NNN/) are candidates of a
+    search, never picked unasked."""
+    return [p for p in runs_dir.glob("*/best.pt") if p.is_file()] if runs_dir.is_dir() else []
+
+
 def newest_checkpoint(runs_dir: Path = RUNS_DIR) -> Path:
-    """The most recently written runs_dir/*/best.pt: what `charlm sample` and `eval` use when given none. One level
-    down only: a sweep's trials (runs/SWEEP/trial-NNN/) are candidates of a search, never picked unasked."""
-    found = [p for p in runs_dir.glob("*/best.pt") if p.is_file()] if runs_dir.is_dir() else []
+    """The most recently written of run_checkpoints: what `charlm sample` and `eval` use when given none."""
+    found = run_checkpoints(runs_dir)
     if not found:
         raise UsageError(
             f"no checkpoint given and none found under {runs_dir}/*/: train one with `charlm train`, "

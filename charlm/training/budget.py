@@ -33,6 +33,7 @@ step limit off unless the command line gives one.
 from __future__ import annotations
 
 import math
+import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -45,7 +46,7 @@ from charlm.data.download import ensure_builtin_corpus
 from charlm.data.prepare import data_bytes
 from charlm.errors import UsageError
 from charlm.families.registry import family, family_for
-from charlm.training.probe import MOST_PROBE_SECONDS, Speed, measure_speed
+from charlm.training.probe import MOST_PROBE_SECONDS, REFERENCE_DEPTH, REFERENCE_WIDTH, Speed, measure_speed
 
 UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
 _BUDGET = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([smh])\s*$")
@@ -81,12 +82,12 @@ TABLE = (
 CHARS_PER_STEP = 2048  # configs/cpu.yaml's 16 windows of 128 a forward pass, kept as the context grows (Muon's tuning)
 MIN_CONTEXT = 16  # the rule shortens its context for a tiny corpus no further; below it the run says what is wrong
 HEAD_SIZE = 32  # configs/cpu.yaml's heads: RoPE needs it even, and fewer, wider heads cost the CPU's attention less
-REFERENCE_WIDTH = 96  # the width whose learning rates configs/cpu.yaml tuned
 # Characters a second of configs/cpu.yaml's recipe 4 layers deep in a whole run on the 2-core CPU (an AMD EPYC) the
 # table was measured on, for the epochs estimates (the regularisation rows below were drawn with it).
-REFERENCE_DEPTH, REFERENCE_CHARS_PER_S = 4, 31_000.0
+REFERENCE_CHARS_PER_S = 31_000.0
 # What the speed probe (charlm/training/probe.py: its timed steps alone) measures for that model on that CPU: a
-# machine's measured speed over it is how much more compute each second of its budget holds (24.7k-26.4k there).
+# machine's measured speed over it is how much more compute each second of its budget holds (the median of nine
+# probes in fresh processes there; they ranged 20k-31.5k, as noisy as the machine's speed).
 PROBE_REFERENCE_CHARS_PER_S = 26_000.0
 # Regularisation by the compute the budget holds per training character: how many times that 4 x 96 reference model
 # would go over the training split. The rule's model grows with the budget, so the figure counts both how often the
@@ -257,6 +258,8 @@ class BudgetRequest:
         kept = {k: v for k, v in base.flat().items() if k in self.user_keys}
         self.speed = self.speed or measure_speed(base, say)
         speed = self.speed.chars_per_s
+        # the user's keys beside the row this speed picks (plan_budget checked them beside the reference speed's)
+        _check_with_rule(self.text, self.seconds, self.config_file, self.sets, self.options, self.user_keys, speed)
         say(f"{self.speed.words()}: {self.text} here buys what {_duration(compute_seconds(self.seconds, speed))} buys "
             "on the 2-core CPU the rule was measured on")  # fmt: skip
         recipe = recipe_for(self.seconds, chars, kept, val_chars, speed, self.speed.seconds)
@@ -326,6 +329,11 @@ def plan_budget(
     """Check a --budget against the command's other settings (one line for each mistake) before anything runs; a
     `speed` given spares the probe."""
     seconds = parse_budget(text)
+    if speed is None and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise UsageError(
+            "--budget under torchrun needs --speed: each process would measure its own and could pick another "
+            "recipe; run it once in one process (its first line says the speed), then give that figure"
+        )
     if speed is None and seconds < MOST_PROBE_SECONDS * 3:
         raise UsageError(
             f"--budget {text} leaves no room to measure this machine's speed (the probe takes up to "
@@ -356,12 +364,18 @@ def plan_budget(
 
 
 def _check_with_rule(
-    text: str, seconds: float, config_file: str | None, sets: list[str], options: cfg.Options, user_keys: dict
+    text: str,
+    seconds: float,
+    config_file: str | None,
+    sets: list[str],
+    options: cfg.Options,
+    user_keys: dict,
+    speed: float = PROBE_REFERENCE_CHARS_PER_S,
 ) -> Config:
     """The user's settings checked beside the rule's (its shape for the budget, as for a corpus of any size), not the
     default config's: 128 wide goes with the rule's 4 heads at 10 minutes. A key of the rule's that a problem names
     is said, so that the user knows what to set beside their own."""
-    rule = {k: v for k, v in recipe_for(seconds, ANY_CORPUS_CHARS).items() if k not in user_keys}
+    rule = {k: v for k, v in recipe_for(seconds, ANY_CORPUS_CHARS, speed=speed).items() if k not in user_keys}
     with_rule = {**options, **{k: ("--budget", v) for k, v in rule.items()}}
     try:
         return cfg.load_config(config_file or cfg.DEFAULT_CONFIG, sets, with_rule)  # every other mistake as usual
