@@ -4,6 +4,7 @@ more items like them (makemore's task)."""
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
@@ -314,7 +315,7 @@ def run_items(loaded: Loaded, novel: bool = False) -> KnownItems:
     with; otherwise the samples are just not told apart ("unchecked")."""
     data = loaded.config.data
     try:
-        known = known_items(data, loaded.config.model.block_size, loaded.tokenizer)
+        known = _READ.get(loaded) or known_items(data, loaded.config.model.block_size, loaded.tokenizer)
     except UsageError as e:
         if novel:
             raise UsageError(f"--novel compares samples with the items of the run's files: {e}") from None
@@ -324,7 +325,12 @@ def run_items(loaded: Loaded, novel: bool = False) -> KnownItems:
             f"--novel compares samples with the items of the run's files, but none is still there ("
             f"{'; '.join(known.gone)} not found): put {data.path} back, or sample without --novel"
         )
+    _READ[loaded] = known
     return known
+
+
+# The run's items, read once per loaded model: a notebook sampling again and again re-reads no list.
+_READ: weakref.WeakKeyDictionary[Any, KnownItems] = weakref.WeakKeyDictionary()
 
 
 def lines_card(
