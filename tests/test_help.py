@@ -64,7 +64,15 @@ def test_eval_json_help_names_each_kind_of_results_figures():
     from charlm.evaluation.loss import EvalResult
     from charlm.evaluation.masked import MaskedResult
 
-    details = {"sources", "unknown_chars", "unknown_lines", "single_reference", "skipped", "scores"}
+    details = {
+        "sources",
+        "unknown_chars",
+        "unknown_lines",
+        "unknown_target_lines",
+        "single_reference",
+        "skipped",
+        "scores",
+    }
     results = [
         EvalResult(loss=1.0, chars=1),
         TransductionResult(1.0, 1.0, word_error_rate=0, char_error_rate=0, token_error_rate=0, lines=1, chars=1),

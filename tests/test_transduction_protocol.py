@@ -98,15 +98,20 @@ def test_unseen_characters_are_read_as_the_learned_unknown_symbol(unknown_run, t
 
     test = tmp_path / "test.tsv"
     test.write_text("abc\tcba\nazzb\tbzza\ncdh\thdc\nayyb\tbyya\n")  # azzb and ayyb read alike: two words still
-    refused = run_cli("eval", unknown_run, "--data", test)
+    refused = run_cli("eval", unknown_run, "--data", test, "--unknown", "error")
     assert_one_line_error(refused, 2, "'z' (U+007A)", "--unknown replace")
-    scored = run_cli("eval", unknown_run, "--data", test, "--unknown", "replace", "--json")
-    assert scored.returncode == 0, scored.stderr
-    figures = json.loads(scored.stdout)
-    assert (figures["unknown_chars"], figures["unknown_lines"], figures["lines"], figures["sources"]) == (8, 2, 4, 4)
-    assert figures["file"] == str(test)
-    said = run_cli("eval", unknown_run, "--data", test, "--unknown", "replace", check=True)
+    # A model with the learned symbol reads them as it by default, as --unknown replace does.
+    for asked in ([], ["--unknown", "replace"]):
+        scored = run_cli("eval", unknown_run, "--data", test, *asked, "--json")
+        assert scored.returncode == 0, scored.stderr
+        figures = json.loads(scored.stdout)
+        counts = ("unknown_chars", "unknown_lines", "unknown_target_lines", "lines", "sources")
+        assert [figures[k] for k in counts] == [8, 2, 2, 4, 4]
+        assert figures["exact_match"] <= 0.5  # bzza and byya: targets the model cannot write, never right
+        assert figures["file"] == str(test)
+    said = run_cli("eval", unknown_run, "--data", test, check=True)
     assert "2 lines of" in said.stderr and "8 such characters replaced" in said.stderr
+    assert "2 lines of" in said.stderr and "have a target character the model cannot write" in said.stderr
     skipped = json.loads(run_cli("eval", unknown_run, "--data", test, "--unknown", "skip", "--json").stdout)
     assert (skipped["lines"], skipped["unknown_lines"]) == (2, 2)
 
@@ -205,3 +210,27 @@ def test_charlm_serve_of_an_encoder_decoder_says_length_for_a_full_context_and_c
         assert status == 400 and "echo must be a JSON boolean" in body["error"]["message"], body
     finally:
         server.stop()
+
+
+def test_a_dev_file_s_unseen_characters_are_read_as_the_unknown_symbol_when_the_model_learns_one(tmp_path):
+    """A shared task's own dev file holds characters its training file lacks: with data.unknown_dropout the run
+    trains on it unedited, says how many were read as the unknown symbol and keeps the count in summary.json; without
+    it, the refusal names data.unknown_dropout as the way on."""
+    r = random.Random(1)
+    words = ["".join(r.choice("abcdefgh") for _ in range(r.randint(3, 6))) for _ in range(300)]
+    train = tmp_path / "train.tsv"
+    train.write_text("".join(f"{w}\t{w[::-1]}\n" for w in words))
+    dev = tmp_path / "dev.tsv"
+    dev.write_text("abc\tcba\n걷굵a\ta굵걷\nbad\tdab\nq\tx\n")  # 2 + 2 Hangul, then q and x: 6 in 2 lines
+    config = ["--config", "tiny", *SHAPE]
+    sets = {"data.val_path": dev, "train.eval_interval": 1}
+    result = run_cli(*train_cli(train, tmp_path / "run", steps=2, config=config, sets=sets))
+    assert_one_line_error(result, 2, "dev.tsv has characters the model has never seen", "data.unknown_dropout")
+    sets["data.unknown_dropout"] = 0.05
+    result = run_cli(*train_cli(train, tmp_path / "run", steps=2, config=config, sets=sets, json=True))
+    assert result.returncode == 0, result.stderr
+    said = f"{dev}: 6 characters the training file lacks, in 2 lines, read as the unknown symbol (data.unknown_dropout)"
+    assert said in result.stderr and "2 of those lines' targets hold one" in result.stderr
+    expected = {str(dev): {"chars": 6, "lines": 2, "target_lines": 2}}
+    assert json.loads(result.stdout.splitlines()[-1])["unseen_chars"] == expected
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["unseen_chars"] == expected

@@ -76,6 +76,12 @@ def print_transduction_result(r: TransductionResult) -> None:
         stderr_console().print(
             f"{_count(r.unknown_lines, 'line')} of {r.file} with characters the model never saw: {what}", markup=False
         )
+    if r.unknown_target_lines and r.unknown_chars:
+        stderr_console().print(
+            f"{_count(r.unknown_target_lines, 'line')} of {r.file} ha{'s' if r.unknown_target_lines == 1 else 've'} "
+            "a target character the model cannot write: counted as wrong",
+            markup=False,
+        )
     stdout_console().print(
         f"{scored}: {counted}; target loss {r.loss:.4f} nats/char ({r.bpc:.4f} bits); {decoding}: exact "
         f"match {100 * r.exact_match:.2f}% (word error rate {100 * r.word_error_rate:.2f}%), character error rate "

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -36,6 +36,28 @@ Pair = tuple[list[int], list[int]]  # source ids, target ids (without BOS/EOS)
 
 
 TRAINING_FIX = "fix them, or set data.skip_bad_lines=true to train on the other lines"
+
+
+class Unseen(NamedTuple):
+    """Characters of a file the model never saw: how many were read as the unknown symbol (or another replacement),
+    how many lines held one (replaced, or left out with --unknown skip), and in how many of those lines a target did:
+    a target the model cannot write, which no hypothesis matches."""
+
+    chars: int
+    lines: int
+    target_lines: int = 0
+
+    def words(self, path: str) -> str:
+        """'kor_dev.tsv: 37 characters the training file lacks, in 30 lines, read as the unknown symbol ...'"""
+        targets = (
+            f"; {self.target_lines} of those lines' targets hold one, which the model cannot write: they count as wrong"
+            if self.target_lines
+            else ""
+        )
+        return (
+            f"{path}: {self.chars} character{'s' * (self.chars != 1)} the training file lacks, in {self.lines} "
+            f"line{'s' * (self.lines != 1)}, read as the unknown symbol (data.unknown_dropout){targets}"
+        )
 
 
 def read_pairs(
@@ -86,9 +108,8 @@ class PairCorpus(RecordSplits[Pair]):
     def group_of(cls, record: Pair, index: int) -> Any:
         return tuple(record[0])
 
-    # For each file read so far (the test file is read when asked for): the characters the model never saw that
-    # were replaced (--unknown replace), and the lines that held one (replaced, or left out with --unknown skip).
-    unknown_counts: Mapping[str, tuple[int, int]] = {}  # replaced per instance, never mutated: one shared default
+    # For each file read so far (the test file is read when asked for): its characters the model never saw.
+    unknown_counts: Mapping[str, Unseen] = {}  # replaced per instance, never mutated: one shared default
 
     @classmethod
     def from_config(
@@ -103,38 +124,53 @@ class PairCorpus(RecordSplits[Pair]):
     ) -> PairCorpus:
         """The pairs of data.path (and of the given split files), in `tokenizer`'s characters (default: a vocabulary
         of the training file's). Characters it lacks are refused by name (`unknown` error), their lines left out
-        (skip), or read as the replacement (replace; default: the learned unknown symbol when the model has one)."""
+        (skip), or read as the replacement (replace; default: the learned unknown symbol when the model has one). A
+        model with that symbol reads a given validation or test file's such characters as it, said and counted, as
+        it was trained to (data.unknown_dropout): a shared task's own dev file need not be edited to be used."""
         line_fix = TRAINING_FIX if tokenizer is None else MODEL_FIX
         strings = read_pairs(data.path, block_size, data.skip_bad_lines, say, line_fix)
         model_tokenizer = tokenizer or pair_tokenizer(strings, data.unknown_dropout > 0)
         known = set(model_tokenizer.chars)
-        counts: dict[str, tuple[int, int]] = {}
+        counts: dict[str, Unseen] = {}
 
-        def encoded(path: str, strings: list[tuple[str, str]], hint: str) -> list[Pair]:
+        def encoded(path: str, strings: list[tuple[str, str]], hint: str, policy: UnknownPolicy) -> list[Pair]:
             unseen = sorted({c for s, t in strings for c in s + t} - known)
-            if unseen and unknown == "error":
+            if unseen and policy == "error":
                 shown = ", ".join(f"{c!r} (U+{ord(c):04X})" for c in unseen[:10])
                 raise UsageError(
                     f"{path} has characters the model has never seen: {shown}" + (f"; {hint}" if hint else "")
                 )
             if unseen:
                 held = [sum(c not in known for c in s + t) for s, t in strings]
-                counts[path] = (sum(held) if unknown == "replace" else 0, sum(n > 0 for n in held))
-                if unknown == "skip":
+                in_targets = sum(any(c not in known for c in t) for _, t in strings)
+                counts[path] = Unseen(sum(held) if policy == "replace" else 0, sum(n > 0 for n in held), in_targets)
+                if policy == "skip":
                     strings = [pair for pair, n in zip(strings, held, strict=True) if not n]
             fill = pair_replacement(model_tokenizer, replacement)
             encode = model_tokenizer.encode
             out: list[Pair] = []
             for s, t in strings:
-                source = encode(s, unknown, fill)
-                out.append((ReplacedSource(source) if unseen and set(s) - known else source, encode(t, unknown, fill)))
+                source = encode(s, policy, fill)
+                out.append((ReplacedSource(source) if unseen and set(s) - known else source, encode(t, policy, fill)))
             return out
 
         def read_given(path: str) -> list[Pair]:  # a split given as its own file, in the training file's characters
-            fix = hint if tokenizer is not None else f"remove them, or add lines that use them to {data.path}"
-            return encoded(path, read_pairs(path, block_size, data.skip_bad_lines, say, line_fix), fix)
+            fix = (
+                hint
+                if tokenizer is not None
+                else (
+                    f"remove them, add lines that use them to {data.path}, or set data.unknown_dropout (e.g. "
+                    "0.01): the model then learns an unknown symbol and reads them as it"
+                )
+            )
+            learned = UNKNOWN_CHAR in known and unknown == "error"  # read as the symbol it was trained for
+            pairs = read_pairs(path, block_size, data.skip_bad_lines, say, line_fix)
+            out = encoded(path, pairs, fix, "replace" if learned else unknown)
+            if learned and path in counts:
+                say(counts[path].words(path))
+            return out
 
-        corpus = cls.shuffled(model_tokenizer, encoded(data.path, strings, hint), data, read_given)
+        corpus = cls.shuffled(model_tokenizer, encoded(data.path, strings, hint, unknown), data, read_given)
         corpus.unknown_counts = counts
         return corpus
 

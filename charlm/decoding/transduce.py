@@ -19,7 +19,7 @@ from torch import nn
 
 from charlm.data.corpus import IGNORE
 from charlm.data.pairs import Pair, ReplacedSource, pad_batch, pairs_total
-from charlm.data.tokenizer import BOS, EOS, PAD
+from charlm.data.tokenizer import BOS, EOS, PAD, UNKNOWN_CHAR
 from charlm.decoding.options import DecodeOptions
 from charlm.decoding.sampling import sample_next
 from charlm.models.encoder_decoder import EncoderDecoder
@@ -220,6 +220,7 @@ class TransductionResult:
     sources: int = 0  # distinct sources scored (= lines when each has one reference)
     unknown_chars: int = 0  # characters the model never saw in the file scored, replaced (--unknown replace)
     unknown_lines: int = 0  # the file's lines that held one (replaced, or left out with --unknown skip)
+    unknown_target_lines: int = 0  # of those, lines whose target held one: the model cannot write it, so never right
     single_reference: dict[str, Any] = field(default_factory=dict)  # the figures line by line
     skipped: list[str] = field(default_factory=list)  # lines left out as data.skip_bad_lines says, in words
 
@@ -237,7 +238,7 @@ def error_rates(references: list[list[str]], hypotheses: list[str]) -> dict[str,
     shorter one where two are as close (the higher rate: a tie never flatters)."""
     exact = chars = char_errors = tokens = token_errors = 0
     for refs, hyp in zip(references, hypotheses, strict=True):
-        exact += hyp in refs
+        exact += any(hyp == r and UNKNOWN_CHAR not in r for r in refs)  # a target the model cannot write: wrong
         char_error, ref_chars = min((edit_distance(list(r), list(hyp)), len(r)) for r in refs)
         token_error, ref_tokens = min((edit_distance(r.split(), hyp.split()), len(r.split())) for r in refs)
         chars, char_errors = chars + ref_chars, char_errors + char_error

@@ -200,12 +200,13 @@ def evaluate_pairs(
     split: str | None = None,
     beam: int = 1,
     batch_size: int = 64,
-    unknown: UnknownPolicy = "error",
+    unknown: UnknownPolicy | None = None,
     replace_with: str | None = None,
     ensemble: Sequence[Loaded] = (),
 ) -> TransductionResult:
     """charlm.Model.evaluate_pairs: target loss, exact match, character and token error rates on a paired file (every
-    reference of a source counted); characters the model never saw are refused, skipped or replaced (`unknown`).
+    reference of a source counted); characters the model never saw are refused, skipped or replaced (`unknown`;
+    default: replaced by the unknown symbol where the model learned one, data.unknown_dropout, else refused).
     The chosen pairs are scored by the model's pair_scorer (the torch model's own score_pairs unless it gives one);
     with `ensemble`, by this model and those together (their mean log-probabilities)."""
     scorer: PairScorer | None = loaded.pair_scorer(beam)  # first: it refuses what its runtime cannot do
@@ -215,7 +216,8 @@ def evaluate_pairs(
     split = split or ("val" if same_path(given, own) else "all")
     data = for_file(loaded.config.data, given, split)
     room = loaded.config.model.block_size
-    hint = "use --unknown replace to read them as the unknown symbol, or --unknown skip to leave their lines out"
+    hint = "use --unknown replace to read them as a stand-in character, or --unknown skip to leave their lines out"
+    unknown = unknown or ("replace" if UNKNOWN_CHAR in getattr(loaded.tokenizer, "stoi", {}) else "error")
     skipped: list[str] = []  # the model's data.skip_bad_lines leaves lines out: said, never silent
     corpus = PairCorpus.from_config(
         data, room, loaded.tokenizer, skipped.append, hint=hint, unknown=unknown, replacement=replace_with
@@ -230,7 +232,9 @@ def evaluate_pairs(
     else:  # an ONNX export's own scorer
         result = cast(PairScorer, scorer)(scored, options, batch_size)
     result.split, result.file = split, split_file(data, split)
-    result.unknown_chars, result.unknown_lines = corpus.unknown_counts.get(result.file, (0, 0))
+    unseen = corpus.unknown_counts.get(result.file)
+    if unseen is not None:
+        result.unknown_chars, result.unknown_lines, result.unknown_target_lines = unseen
     result.skipped = skipped
     return result
 

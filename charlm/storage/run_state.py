@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from charlm.evaluation.loss import EvalResult
@@ -74,6 +74,9 @@ class TrainSummary:
     global_batch: int  # windows per optimizer step: batch_size x grad_accum x world_size
     precision: str  # float32, or the autocast dtype (bfloat16, float16) of training and evaluation
     linear_kernels: str  # onednn or torch: whose float32 kernels ran the linear layers (train.cpu_linear)
+    # pairs: per given validation or test file, its characters the training file lacks, read as the unknown symbol
+    # (chars), the lines that held one (lines), and those whose target did (target_lines)
+    unseen_chars: dict[str, dict[str, int]] = field(default_factory=dict)
 
     @classmethod
     def of(

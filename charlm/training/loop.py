@@ -317,6 +317,7 @@ class Trainer:
             peak_memory_mb=peak_memory_mb(self.device),
             precision=precision_name(self.amp_dtype),
             linear_kernels="onednn" if self.onednn else "torch",
+            unseen_chars={path: n._asdict() for path, n in getattr(self.corpus, "unknown_counts", {}).items()},
         )
 
     def _load_rank_state(self, ranks: list[dict]) -> None:
