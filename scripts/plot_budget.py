@@ -18,7 +18,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from charlm.errors import UsageError
 from charlm.files import atomic_write
-from charlm.training.budget import parse_budget
+from charlm.training.budget_rule import parse_budget
 
 
 def parse_series(text: str) -> tuple[str, list[tuple[float, str, float]]]:

@@ -3,17 +3,18 @@
     python scripts/recipes.py --data data/tinyshakespeare.txt --seeds 1337 1338 1339 \\
         --recipe "cosine:" --recipe "plateau:train.lr_schedule=plateau train.eval_interval=100"
 
-A recipe is NAME:SETTINGS, the settings being `section.key=value` items applied over --config (default: cpu, the
-default run). With --budget 10m every run is `charlm train --budget 10m`: a recipe's settings are kept over what the
-budget's rule picks, and a recipe with none is the rule's own pick (charlm/training/budget.py). A recipe's own
-`budget=10m` item gives that recipe alone the flag, so that the rule and the fixed recipe given the same time
-(`fixed:train.max_seconds=570`, the rule's share of 600 s) run in one invocation; `threads=1` runs that recipe with
-OMP_NUM_THREADS=1 (a machine about half as fast), and `speed=13k` gives the budget's rule that speed instead of
-measuring it (`--speed`), so that one machine setting can train another's pick. Runs alternate (seed
-1: every recipe, seed 2: every recipe, ...) so that the machine's drift falls on all recipes alike. Each run's wall
-time is measured around `charlm train` (start-up and the final full validation pass included, as a user waits for
-them); its loss is the full validation pass of best.pt. With --record TITLE the table and the per-recipe median /
-min / max go to docs/benchmarks.md.
+A recipe is NAME:SETTINGS, the settings being `section.key=value` items applied over --config (default: cpu,
+configs/cpu.yaml). With --budget 10m every run is `charlm train --budget 10m`: a recipe's settings are kept over
+what the budget's rule picks, and a recipe with none is the rule's own pick (charlm/training/budget_rule.py). A
+recipe's own `budget=10m` item gives that recipe alone the flag, so that the rule and the fixed recipe given the
+same time (`fixed:train.max_seconds=570`, the rule's share of 600 s) run in one invocation; `threads=1` runs that
+recipe with OMP_NUM_THREADS=1 (a slower machine: ~70% of the speed on a 2-core CPU), and `speed=13k` gives the
+budget's rule that speed instead of measuring it (`--speed`), so that one machine setting can train another's pick;
+`config=none` runs that recipe with no --config, as plain `charlm train` (the rule at 100 s, its speed measured
+unless `speed=` gives it). Runs alternate (seed 1: every recipe, seed 2: every recipe, ...) so that the machine's
+drift falls on all recipes alike. Each run's wall time is measured around `charlm train` (start-up and the final
+full validation pass included, as a user waits for them); its loss is the full validation pass of best.pt. With
+--record TITLE the table and the per-recipe median / min / max go to docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -27,12 +28,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchlib import append_section, run_charlm, set_args
 
-RECIPE_ITEMS = ("budget", "threads", "speed")  # a recipe's own flags and environment, not config keys
+RECIPE_ITEMS = ("budget", "threads", "speed", "config")  # a recipe's own flags and environment, not config keys
 
 
 def train(config: str, data: str, seed: int, sets: list[str], out_dir: Path, budget: str | None = None) -> dict:
-    args = ["train", "--config", config, "--data", data, "--out-dir", str(out_dir), "--seed", str(seed)]
     own = {key: value for key, _, value in (item.partition("=") for item in sets) if key in RECIPE_ITEMS}
+    config = own.get("config", config)
+    chosen = [] if config == "none" else ["--config", config]  # none: plain `charlm train`, the rule at 100 s
+    args = ["train", *chosen, "--data", data, "--out-dir", str(out_dir), "--seed", str(seed)]
     budget, sets = own.get("budget", budget), [item for item in sets if item.partition("=")[0] not in RECIPE_ITEMS]
     flags = [*(["--budget", budget] if budget else []), *(["--speed", own["speed"]] if "speed" in own else [])]
     env = {"OMP_NUM_THREADS": own["threads"]} if "threads" in own else None

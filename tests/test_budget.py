@@ -13,8 +13,10 @@ from conftest import REPO, assert_one_line_error, run_cli
 
 from charlm.config.schema import load_config
 from charlm.config.sources import find_config
-from charlm.training.budget import TABLE, parse_budget, plan_budget, recipe_for, row_for
+from charlm.training.budget import plan_budget
+from charlm.training.budget_rule import TABLE, parse_budget, recipe_for, row_for, split_characters
 from charlm.training.probe import MOST_PROBE_SECONDS, Speed, measure_speed
+from charlm.training.run import resolve_run
 
 TINY_SHAKESPEARE_TRAIN_CHARS = 1_115_394 - 111_539  # the whole file less its 10% validation split
 # For runs that only show what the rule chose: a few sampled windows and a short validation split, so that the
@@ -268,7 +270,7 @@ def test_a_budget_too_small_for_the_probe_and_a_bad_speed_are_refused(tmp_path, 
         assert_one_line_error(run_cli("train", "--budget", "1m", "--speed", bad, *out), 2, f"--speed {bad!r}")
     monkeypatch.setenv("CHARLM_SPEED", "slow")
     assert_one_line_error(run_cli("train", "--budget", "1m", *out), 2, "CHARLM_SPEED 'slow' is not a speed")
-    assert_one_line_error(run_cli("train", "--speed", "31k", *out), 2, "give it with --budget")
+    assert_one_line_error(run_cli("train", "--config", "cpu", "--speed", "31k", *out), 2, "give --budget too")
     assert not (tmp_path / "run").exists()
 
 
@@ -287,3 +289,45 @@ def test_a_gpus_speed_reads_in_millions_and_torchrun_must_give_one(tmp_path, mon
     monkeypatch.setenv("WORLD_SIZE", "2")
     result = run_cli("train", "--budget", "10m", "--out-dir", tmp_path / "run")
     assert_one_line_error(result, 2, "--budget under torchrun needs --speed")
+
+
+def _plain_run(tmp_path, corpus, sets=(), **options):
+    """What `charlm train --data CORPUS [--set ...] [options]` would train, and what its header says, without
+    training: the run's request resolved as the command resolves it, then its budget's recipe picked."""
+    flags = {"data.path": ("--data", str(corpus))} | {k: (f"--{k.split('.')[1]}", v) for k, v in options.items()}
+    request = resolve_run(None, list(sets), flags, tmp_path / "run")
+    said: list[str] = []
+    return request, (request.budget.config(said.append) if request.budget else request.config), said
+
+
+def test_plain_charlm_train_is_the_rule_at_100_s_and_configs_cpu_yaml_at_the_reference_speed(tmp_path, corpus):
+    """At the speed of the CPU the rule was measured on, plain `charlm train` trains configs/cpu.yaml's recipe; a
+    machine ~30% slower (one thread of it) gets the 2-layer row, and a GPU's speed a deeper model. A limit, a config
+    file or torchrun without a speed keep configs/cpu.yaml's own recipe."""
+    cpu_yaml = load_config("cpu", [f"data.path={corpus}"]).flat()
+    request, config, said = _plain_run(tmp_path, corpus)
+    assert request.budget is not None and request.budget.text == "100s"
+    mine = config.flat()
+    shape = ["model.n_layer", "model.n_embd", "model.n_head", "model.block_size", "train.batch_size", "train.lr"]
+    assert {k: mine[k] for k in shape} == {k: cpu_yaml[k] for k in shape}
+    # the rest is the rule's for this small corpus (more regularised than tiny-shakespeare's, which is cpu.yaml's)
+    chars, val_chars = split_characters(config)
+    recipe = recipe_for(100, chars, val_chars=val_chars)
+    assert {k: mine[k] for k in recipe if k != "train.max_seconds"} == {
+        k: v for k, v in recipe.items() if k != "train.max_seconds" and v is not None
+    } | {k: mine[k] for k, v in recipe.items() if v is None}
+    assert "100s here buys what 100 s buys" in said[0] and said[1].startswith("budget 100s: 95 s of training")
+    picks = {}
+    for speed in ("19k", "26k", "1.3M"):
+        with pytest.MonkeyPatch.context() as env:
+            env.setenv("CHARLM_SPEED", speed)
+            model = _plain_run(tmp_path, corpus)[1].model
+        picks[speed] = (model.n_layer, model.n_embd)
+    assert picks == {"19k": (2, 96), "26k": (3, 96), "1.3M": (7, 192)}
+    assert _plain_run(tmp_path, corpus, **{"train.max_steps": 5})[0].budget is None
+    assert _plain_run(tmp_path, corpus, ["train.max_seconds=30"])[0].budget is None
+    assert resolve_run("cpu", [], {}, tmp_path / "run").budget is None
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("WORLD_SIZE", "2")
+        env.delenv("CHARLM_SPEED")
+        assert _plain_run(tmp_path, corpus)[0].budget is None

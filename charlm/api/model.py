@@ -13,7 +13,6 @@ from typing import Any
 
 import torch
 
-from charlm.config import schema as cfg
 from charlm.config.schema import Config
 from charlm.data.tokenizer import Tokenizer, UnknownPolicy
 from charlm.decoding.generate import SampleResult
@@ -172,13 +171,14 @@ class Model:
         split: str | None = None,
         beam: int = 1,
         batch_size: int = 64,
-        unknown: UnknownPolicy = "error",
+        unknown: UnknownPolicy | None = None,
         replace_with: str | None = None,
         ensemble: Sequence[Model] = (),
     ) -> TransductionResult:
         """An encoder-decoder on a paired file (default: its own, val split): target loss, exact match, character
         and token error rates of greedy (or beam) decoding, a source right if it matches any of its lines;
-        characters the model never saw refused, their lines skipped, or replaced (`unknown`). `ensemble`: other
+        characters the model never saw refused, their lines skipped, or replaced (`unknown`; default: replaced by
+        the unknown symbol where the model learned one, data.unknown_dropout, else refused). `ensemble`: other
         encoder-decoders of the same vocabulary that decode and score with this one (their mean log-probabilities)."""
         return pairs.evaluate_pairs(self, path, split, beam, batch_size, unknown, replace_with, _models(ensemble))
 
@@ -332,7 +332,7 @@ def export(
 
 
 def train(
-    config: str | Path = cfg.DEFAULT_CONFIG,
+    config: str | Path | None = None,
     overrides: dict[str, Any] | None = None,
     data: str | Path | None = None,
     out_dir: str | Path | None = None,
@@ -345,7 +345,9 @@ def train(
     budget: str | None = None,
     speed: float | str | None = None,
 ) -> dict[str, Any]:
-    """Train like `charlm train` and return its summary (the fields of `train --json`).
+    """Train like `charlm train` and return its summary (the fields of `train --json`). Without a `config` and a
+    limit (`train.max_seconds` or `train.max_steps` in `overrides`), like the command, the budget rule's pick for
+    100 s on this machine (configs/cpu.yaml's recipe on the CPU the rule was measured on).
 
     `init_from` fine-tunes: the run starts from that checkpoint's, run folder's or export's weights, shape and
     vocabulary (`extend_vocab` adds the new text's unseen characters instead of refusing them). `budget` ("10m",
@@ -368,8 +370,8 @@ def train(
     options = {key: (key, value) for key, value in (overrides or {}).items()}  # typed values, no YAML round trip
     options["data.path"] = ("data", None if data is None else str(data))
     request = resolve_run(
-        str(config), [], options, out_dir, resume=resume, overwrite=overwrite, init_from=init_from,
-        extend_vocab=extend_vocab, budget=budget, speed=None if speed is None else str(speed),
+        None if config is None else str(config), [], options, out_dir, resume=resume, overwrite=overwrite,
+        init_from=init_from, extend_vocab=extend_vocab, budget=budget, speed=None if speed is None else str(speed),
     )  # fmt: skip
     summary = request.run(quiet=quiet)
     return summary.to_dict() if summary is not None else {}

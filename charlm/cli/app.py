@@ -183,7 +183,8 @@ def train(
     speed: Annotated[
         Optional[str],
         typer.Option(
-            help="With --budget: this machine's speed, the 4 x 96 reference model's training characters a second "
+            help="For the budget rule (--budget, or no --config and no limit): this machine's speed, the 4 x 96 "
+            "reference model's training characters a second "
             "(26k, 1.3M: what the first line of a measured run says), instead of measuring it for a few seconds "
             "first (also CHARLM_SPEED).",
             show_default=False,
@@ -218,7 +219,11 @@ def train(
     json_out: Annotated[bool, typer.Option("--json", help="Print the summary as one JSON object on stdout.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar or evaluation lines.")] = False,
 ) -> None:
-    """Train a model; with no options, trains configs/cpu.yaml on tiny-shakespeare (downloaded when missing)."""
+    """Train a model; with no options, what 100 s buy here (configs/cpu.yaml on a 2-core CPU) on tiny-shakespeare.
+
+    Without --config or a limit (--budget, --max-seconds, --max-steps) the run is the budget rule's pick for 100 s on
+    this machine: its speed measured first for a few seconds (or given with --speed), configs/cpu.yaml's recipe on a
+    2-core CPU, a bigger model on a faster one. tiny-shakespeare is downloaded when missing."""
     needs_torch()
     from charlm.cli.report import print_train_summary
     from charlm.cli.signals import StopSignals
@@ -287,7 +292,14 @@ def eval_(
             show_default=False,
         ),
     ] = None,
-    unknown: Annotated[Unknown, typer.Option(help="Characters outside the model's vocabulary.")] = Unknown.error,
+    unknown: Annotated[
+        Optional[Unknown],
+        typer.Option(
+            help="Characters outside the model's vocabulary. Default: replace where the model learned an unknown "
+            "symbol (an encoder-decoder trained with data.unknown_dropout), else error.",
+            show_default=False,
+        ),
+    ] = None,
     replace_with: Annotated[Optional[str], typer.Option(help=REPLACE_HELP)] = None,
     device: DeviceOption = "auto",
     precision: PrecisionOption = Precision.float32,
@@ -319,7 +331,8 @@ def eval_(
     check_replacement(replace_with)
     model = load(checkpoint_path(checkpoint), device, precision.value)  # a bad checkpoint before a bad text
     members = load_ensemble(model, ensemble, device, precision.value)
-    options: dict[str, Any] = {"beam": beam, "stride": stride, "batch_size": batch_size, "unknown": unknown.value}
+    options: dict[str, Any] = {"beam": beam, "stride": stride, "batch_size": batch_size}
+    options |= {"unknown": unknown.value} if unknown else {}  # else each family's own default
     options |= {"ensemble": members} if members else {}
     result = model.score(data, split.value if split else None, **options, replace_with=replace_with)
     if json_out:

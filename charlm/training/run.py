@@ -29,7 +29,7 @@ from charlm.progress import TrainReporter
 from charlm.storage.checkpoint import RUNS_DIR, Checkpoint, load_checkpoint
 from charlm.storage.run_folder import RunFolder, check_out_dir, make_out_dir
 from charlm.storage.run_state import TrainSummary
-from charlm.training.budget import BudgetRequest, plan_budget
+from charlm.training.budget import BudgetRequest, default_budget, plan_budget
 from charlm.training.finetune import (
     SOURCE_KEYS,
     finetune_config,
@@ -124,10 +124,17 @@ def resolve_run(
 ) -> RunRequest:
     """The one sequence the command line and the Python API share: the requested settings, then the run folder
     (given, or runs/<config name>). A `budget` ('10m') is checked here and picks its recipe when the run starts, for
-    the `speed` given ('31k' characters a second of the reference model; CHARLM_SPEED) or measured then."""
+    the `speed` given ('31k' characters a second of the reference model; CHARLM_SPEED) or measured then; a fresh run
+    with no config file and no limit of its own is the rule's at DEFAULT_BUDGET."""
     planned = None
+    fresh = not resume and init_from is None
+    if budget is None:
+        budget = default_budget(config_file, sets, options, fresh, given_speed(speed) if fresh else None)
     if speed is not None and budget is None:
-        raise UsageError("--speed is the machine's speed for --budget's rule; give it with --budget (or leave it out)")
+        raise UsageError(
+            "--speed is the machine's speed for the budget rule, which picks the recipe of a run with --budget or "
+            "with no --config and no limit; give --budget too (or leave --speed out)"
+        )
     if budget is not None:
         if resume:
             raise UsageError(

@@ -21,7 +21,7 @@ from charlm.config import schema as cfg
 from charlm.config.schema import Config, Setting
 from charlm.config.sources import load_yaml, suggestion
 from charlm.errors import UsageError
-from charlm.training.budget import parse_budget
+from charlm.training.budget_rule import parse_budget
 
 SAMPLERS = ("grid", "random", "tpe")
 SPEC_KEYS = ("config", "set", "budget", "trials", "sampler", "prune", "seed", "params")
