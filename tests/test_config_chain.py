@@ -26,7 +26,7 @@ def test_every_shipped_config_resolves_as_it_did_when_its_figures_were_measured(
     """tests/data/shipped-configs-resolved.json holds each shipped config resolved before configs could build on
     others: every benchmark's command names one of them, so each must still mean exactly that."""
     before = json.loads((REPO / "tests/data/shipped-configs-resolved.json").read_text())
-    assert sorted(before) == shipped_config_names()
+    assert set(before) <= set(shipped_config_names())  # none gone (configs added since resolve as they are)
     for name, values in before.items():
         assert load_config(name).flat() == values, name
 

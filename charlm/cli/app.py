@@ -33,6 +33,7 @@ from charlm.cli.support import (
     load_ensemble,
     needs_torch,
     print_json,
+    quicker_collector,
     remover_if_created,
     run_app,
 )
@@ -362,5 +363,8 @@ app.command()(cli_sweep.sweep)
 
 
 def main(argv: list[str] | None = None) -> None:
-    """The console script `charlm` (and `python -m charlm`)."""
+    """The console script `charlm` (and `python -m charlm`); `argv` given: the command line run inside a program
+    (the tests), which keeps its own garbage collector's settings."""
+    if argv is None:
+        quicker_collector()
     run_app(app, argv)
