@@ -108,8 +108,10 @@ class Workshop:
         if self.args.default_steps:
             steps = self.args.default_steps
             limits = ["--max-steps", str(steps), "--max-seconds", "0"]  # the schedule decays over the steps instead
-            return self.train("cpu", f"the default model (configs/cpu.yaml, {steps:,} steps)", *limits)
-        return self.train("cpu", "the default model (configs/cpu.yaml, about 100 s)")
+            what = f"the default model (configs/cpu.yaml, {steps:,} steps)"
+            return self.train("cpu", what, "--config", "cpu", *limits)
+        # configs/cpu.yaml named: plain `charlm train` picks by this machine's measured speed, the pictures by none
+        return self.train("cpu", "the default model (configs/cpu.yaml, about 100 s)", "--config", "cpu")
 
     @functools.cached_property
     def g2p_model(self) -> Path:

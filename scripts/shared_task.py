@@ -83,7 +83,8 @@ def run_language(task: Task, repo: Path, lang: str, out: Path, seconds: float, s
     dev, _ = run_charlm("eval", str(run), "--data", str(files["dev"]), "--split", "all")
     words = run / "test-words.txt"
     words.write_text("".join(line.split("\t")[0] + "\n" for line in read_lines(files["test"])), encoding="utf-8")
-    predicted, _ = run_timed([sys.executable, "-m", "charlm", "sample", str(run), "--prompt-file", str(words)])
+    sample = ["sample", str(run), "--prompt-file", str(words), "--unknown", "replace"]  # the learned unknown symbol
+    predicted, _ = run_timed([sys.executable, "-m", "charlm", *sample])
     (run / "predictions.tsv").write_text(predicted, encoding="utf-8")
     return {
         "lang": lang,

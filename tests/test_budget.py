@@ -15,7 +15,7 @@ from charlm.config.schema import load_config
 from charlm.config.sources import find_config
 from charlm.training.budget import plan_budget
 from charlm.training.budget_rule import TABLE, parse_budget, recipe_for, row_for, split_characters
-from charlm.training.probe import MOST_PROBE_SECONDS, Speed, measure_speed
+from charlm.training.probe import MOST_PROBE_SECONDS, Speed
 from charlm.training.run import resolve_run
 
 TINY_SHAKESPEARE_TRAIN_CHARS = 1_115_394 - 111_539  # the whole file less its 10% validation split
@@ -254,11 +254,10 @@ def test_the_rule_says_when_it_hits_its_cap():
 
 def test_the_speed_is_measured_when_none_is_given(tmp_path, corpus, monkeypatch):
     monkeypatch.delenv("CHARLM_SPEED")
-    probe = measure_speed(load_config("cpu"), print)
-    assert probe.chars_per_s > 0 and probe.seconds < MOST_PROBE_SECONDS + 5 and probe.source == "measured"
     said, config, record = _budget_run(tmp_path, corpus, "measured")
     assert " (measured in " in said[0] and "threads" in said[0], said
-    assert record["speed"]["source"] == "measured" and record["speed"]["seconds"] > 0
+    probe = record["speed"]
+    assert probe["source"] == "measured" and probe["chars_per_s"] > 0 and 0 < probe["seconds"] < MOST_PROBE_SECONDS + 5
     assert config.train.max_seconds < 570  # the probe's seconds came out of training's share
 
 
@@ -327,6 +326,10 @@ def test_plain_charlm_train_is_the_rule_at_100_s_and_configs_cpu_yaml_at_the_ref
     assert _plain_run(tmp_path, corpus, **{"train.max_steps": 5})[0].budget is None
     assert _plain_run(tmp_path, corpus, ["train.max_seconds=30"])[0].budget is None
     assert resolve_run("cpu", [], {}, tmp_path / "run").budget is None
+    assert resolve_run(None, [], {}, tmp_path / "run", resume=True).budget is None  # the run keeps its recipe
+    assert resolve_run(None, [], {}, tmp_path / "run", init_from=tmp_path / "source").budget is None
+    pairs = ["data.format=pairs", "model.arch=encoder-decoder"]  # another family: configs/cpu.yaml with its settings
+    assert resolve_run(None, pairs, {}, tmp_path / "run").budget is None
     with pytest.MonkeyPatch.context() as env:
         env.setenv("WORLD_SIZE", "2")
         env.delenv("CHARLM_SPEED")

@@ -32,6 +32,11 @@ def test_a_hypothesis_matching_only_the_second_reference_is_right():
     assert near["char_error_rate"] == pytest.approx(2 / 8)  # " Z" missing from the 8 characters of R IY D Z
     tie = error_rates([["R EH D", "R IY D Z"]], ["R IY D"])  # one token from either: the shorter is taken
     assert tie["token_error_rate"] == pytest.approx(1 / 3)
+    # A reference whose unseen character was replaced (a space stood in): the model cannot write it, so even a
+    # hypothesis that spells the stand-in is wrong; the other reference still counts.
+    replaced = error_rates([["R IY D", "K AE T"]], ["R IY D"], [[False, True]])
+    assert replaced["word_error_rate"] == 1.0 and replaced["char_error_rate"] == 0.0
+    assert error_rates([["R IY D", "K AE T"]], ["K AE T"], [[False, True]])["word_error_rate"] == 0.0
 
 
 def test_score_pairs_groups_a_sources_lines_and_keeps_the_line_by_line_figures(tmp_path):

@@ -199,10 +199,11 @@ def click_command(app: typer.Typer) -> Any:
 def quicker_collector() -> None:
     """The garbage collector set for a command's process: importing torch builds a few million objects that live
     until the process ends, and at CPython's default thresholds the collector walks them again and again while they
-    are imported (~0.4 s of a 2-core CPU) and once more at exit (~0.8 s, after every atexit handler has run: this
-    one is registered first, so it runs last). Collections still happen, less often (the youngest generation's at
-    20,000 new objects instead of 700); at exit, what is still alive is left to the operating system, as CPython does
-    with what outlives its last collection: every file charlm writes is closed, and renamed into place, before."""
+    are imported (~0.4 s of a 2-core CPU) and once more at exit (~0.8 s). Collections still happen, less often (the
+    youngest generation's at 20,000 new objects instead of 700); at exit, the exit handlers registered after this one
+    (atexit runs them last in, first out) run first, and what is still alive is then left to the operating system,
+    as CPython does with what outlives its last collection: every file charlm writes is closed, and renamed into
+    place, before."""
     gc.set_threshold(20_000, 10, 10)
     atexit.register(gc.freeze)
 

@@ -119,14 +119,15 @@ class PairCorpus(RecordSplits[Pair]):
         tokenizer: Tokenizer | None = None,
         say: Callable[[str], None] = lambda _: None,
         hint: str = "",
-        unknown: UnknownPolicy = "error",
+        unknown: UnknownPolicy | None = None,
         replacement: str | None = None,
     ) -> PairCorpus:
         """The pairs of data.path (and of the given split files), in `tokenizer`'s characters (default: a vocabulary
         of the training file's). Characters it lacks are refused by name (`unknown` error), their lines left out
-        (skip), or read as the replacement (replace; default: the learned unknown symbol when the model has one). A
-        model with that symbol reads a given validation or test file's such characters as it, said and counted, as
-        it was trained to (data.unknown_dropout): a shared task's own dev file need not be edited to be used."""
+        (skip), or read as the replacement (replace; default: the learned unknown symbol when the model has one).
+        With no `unknown` given (training), a model with that symbol reads a given validation or test file's such
+        characters as it, said and counted, as it was trained to (data.unknown_dropout): a shared task's own dev
+        file need not be edited to be used; the training file's own are refused."""
         line_fix = TRAINING_FIX if tokenizer is None else MODEL_FIX
         strings = read_pairs(data.path, block_size, data.skip_bad_lines, say, line_fix)
         model_tokenizer = tokenizer or pair_tokenizer(strings, data.unknown_dropout > 0)
@@ -151,7 +152,13 @@ class PairCorpus(RecordSplits[Pair]):
             out: list[Pair] = []
             for s, t in strings:
                 source = encode(s, policy, fill)
-                out.append((ReplacedSource(source) if unseen and set(s) - known else source, encode(t, policy, fill)))
+                target = encode(t, policy, fill)
+                out.append(
+                    (
+                        ReplacedSource(source) if unseen and set(s) - known else source,
+                        ReplacedTarget(target) if unseen and set(t) - known else target,
+                    )
+                )
             return out
 
         def read_given(path: str) -> list[Pair]:  # a split given as its own file, in the training file's characters
@@ -163,16 +170,21 @@ class PairCorpus(RecordSplits[Pair]):
                     "0.01): the model then learns an unknown symbol and reads them as it"
                 )
             )
-            learned = UNKNOWN_CHAR in known and unknown == "error"  # read as the symbol it was trained for
+            learned = UNKNOWN_CHAR in known and unknown is None  # read as the symbol it was trained for
             pairs = read_pairs(path, block_size, data.skip_bad_lines, say, line_fix)
-            out = encoded(path, pairs, fix, "replace" if learned else unknown)
+            out = encoded(path, pairs, fix, "replace" if learned else unknown or "error")
             if learned and path in counts:
                 say(counts[path].words(path))
             return out
 
-        corpus = cls.shuffled(model_tokenizer, encoded(data.path, strings, hint, unknown), data, read_given)
+        corpus = cls.shuffled(model_tokenizer, encoded(data.path, strings, hint, unknown or "error"), data, read_given)
         corpus.unknown_counts = counts
         return corpus
+
+
+class ReplacedTarget(list):
+    """A target's ids in which characters the model never saw were replaced: the model cannot write the reference, so
+    its line never counts as right, whatever stood in for them (the unknown symbol, a space, --replace-with's)."""
 
 
 class ReplacedSource(list):

@@ -18,8 +18,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from charlm.data.corpus import IGNORE
-from charlm.data.pairs import Pair, ReplacedSource, pad_batch, pairs_total
-from charlm.data.tokenizer import BOS, EOS, PAD, UNKNOWN_CHAR
+from charlm.data.pairs import Pair, ReplacedSource, ReplacedTarget, pad_batch, pairs_total
+from charlm.data.tokenizer import BOS, EOS, PAD
 from charlm.decoding.options import DecodeOptions
 from charlm.decoding.sampling import sample_next
 from charlm.models.encoder_decoder import EncoderDecoder
@@ -232,13 +232,16 @@ class TransductionResult:
         return {**asdict(self), "bpc": self.bpc}
 
 
-def error_rates(references: list[list[str]], hypotheses: list[str]) -> dict[str, Any]:
+def error_rates(
+    references: list[list[str]], hypotheses: list[str], writable: list[list[bool]] | None = None
+) -> dict[str, Any]:
     """Word, character and token error rates of one hypothesis per source against that source's references: right if
-    it equals any; edits counted against the reference closest in characters (tokens: closest in tokens), the
+    it equals any the model can write (`writable`, default all: a reference whose unseen characters were replaced
+    is one it cannot); edits counted against the reference closest in characters (tokens: closest in tokens), the
     shorter one where two are as close (the higher rate: a tie never flatters)."""
     exact = chars = char_errors = tokens = token_errors = 0
-    for refs, hyp in zip(references, hypotheses, strict=True):
-        exact += any(hyp == r and UNKNOWN_CHAR not in r for r in refs)  # a target the model cannot write: wrong
+    for i, (refs, hyp) in enumerate(zip(references, hypotheses, strict=True)):
+        exact += any(hyp == r and (writable is None or writable[i][j]) for j, r in enumerate(refs))
         char_error, ref_chars = min((edit_distance(list(r), list(hyp)), len(r)) for r in refs)
         token_error, ref_tokens = min((edit_distance(r.split(), hyp.split()), len(r.split())) for r in refs)
         chars, char_errors = chars + ref_chars, char_errors + char_error
@@ -313,16 +316,19 @@ def against_references(
     which decodes sources: each distinct source once, scored against every line it has."""
     keys = [source_key(source, i) for i, (source, _) in enumerate(pairs)]
     references: dict[Any, list[str]] = {}
+    writable: dict[Any, list[bool]] = {}  # False: a target whose unseen characters were replaced, never matched
     first: dict[Any, list[int]] = {}  # each source's ids, to decode it once
     for key, (source, target) in zip(keys, pairs, strict=True):
         references.setdefault(key, []).append(decode(target))
+        writable.setdefault(key, []).append(not isinstance(target, ReplacedTarget))
         first.setdefault(key, list(source))
     sources = list(references)
     hypotheses = rewrite([first[key] for key in sources])
     decoded = {key: decode(h) for key, h in zip(sources, hypotheses, strict=True)}
-    by_line = error_rates([[decode(t)] for _, t in pairs], [decoded[key] for key in keys])
+    lines = [[decode(t)] for _, t in pairs], [decoded[key] for key in keys]
+    by_line = error_rates(*lines, [[not isinstance(t, ReplacedTarget)] for _, t in pairs])
     return TransductionResult(
-        **error_rates(list(references.values()), [decoded[key] for key in sources]),
+        **error_rates(list(references.values()), [decoded[key] for key in sources], list(writable.values())),
         loss=total / count,
         lines=len(pairs),
         chars=count,

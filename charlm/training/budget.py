@@ -43,17 +43,21 @@ LIMIT_KEYS = ("train.max_seconds", "train.max_steps")
 
 
 def default_budget(
-    config_file: str | None, sets: list[str], options: cfg.Options, fresh: bool, speed: Speed | None
+    config_file: str | None, sets: list[str], options: cfg.Options, fresh: bool, speed: Callable[[], Speed | None]
 ) -> str | None:
     """DEFAULT_BUDGET for a fresh run (no resume, no source model) of a decoder on running text that names no config
-    file and no limit; else None: the default config's own recipe and limits. Under torchrun without a speed given, None
-    too: each process would measure its own speed and could pick another model."""
-    if config_file is not None or not fresh or (speed is None and int(os.environ.get("WORLD_SIZE", "1")) > 1):
+    file and no limit; else None: the default config's own recipe and limits. Under torchrun without a speed given
+    (`speed()`: the flag's or CHARLM_SPEED's, read only here), None too: each process would measure its own speed
+    and could pick another model."""
+    if config_file is not None or not fresh:
         return None
     given = {cfg.parse_set(item).key for item in sets} | {k for k, (_, v) in options.items() if v is not None}
-    if given & set(LIMIT_KEYS):
+    if given & set(LIMIT_KEYS) or (int(os.environ.get("WORLD_SIZE", "1")) > 1 and speed() is None):
         return None
-    decoder = family_for(cfg.load_config(cfg.DEFAULT_CONFIG, sets, options)) is family("decoder")
+    try:
+        decoder = family_for(cfg.load_config(cfg.DEFAULT_CONFIG, sets, options)) is family("decoder")
+    except UsageError:  # a setting that only the rule's pick makes valid, or a mistake plan_budget will name
+        decoder = True
     return DEFAULT_BUDGET if decoder else None
 
 
@@ -167,8 +171,8 @@ def plan_budget(
             f"--budget {text} sets train.max_seconds, and {user_keys['train.max_seconds']} gives it too; keep one"
         )
     # A config the user chose: its keys, and those of the configs it builds on, are theirs, but for the limits the
-    # budget owns. The default recipe's are not: the rule's 100 s row is that recipe, so naming it (as charlm.train
-    # does) or building on it changes only what the user's own files set.
+    # budget owns. The default recipe's are not: the rule's 100 s row is that recipe, so naming it (--config cpu) or
+    # building on it changes only what the user's own files set.
     if config_file is not None:
         recipe = cfg.shown_path(cfg.find_config(cfg.DEFAULT_CONFIG))
         for s in cfg.chain_settings(config_file, cfg.DEFAULT_CONFIG, cfg.SECTION_KEYS)[0]:
@@ -207,6 +211,7 @@ def _check_with_rule(
         if not named:
             raise
         chose = ", ".join(f"{k}={rule[k]}" for k in named)
-        hint = f"--budget {text} chose {chose}: set {'it' if len(named) == 1 else 'them'} too with --set"
+        rule_name = f"--budget {text}" if config_file is not None or text != DEFAULT_BUDGET else "the budget rule"
+        hint = f"{rule_name} chose {chose}: set {'it' if len(named) == 1 else 'them'} too with --set"
         message = str(e).removesuffix(":")
         raise UsageError(f"{message} ({hint}){':' if e.details else ''}", details=e.details) from None

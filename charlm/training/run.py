@@ -129,11 +129,15 @@ def resolve_run(
     planned = None
     fresh = not resume and init_from is None
     if budget is None:
-        budget = default_budget(config_file, sets, options, fresh, given_speed(speed) if fresh else None)
+        budget = default_budget(config_file, sets, options, fresh, lambda: given_speed(speed))
     if speed is not None and budget is None:
         raise UsageError(
-            "--speed is the machine's speed for the budget rule, which picks the recipe of a run with --budget or "
-            "with no --config and no limit; give --budget too (or leave --speed out)"
+            "--speed is the machine's speed for the budget rule, which picks a new run's recipe with --budget or "
+            + (
+                "with no --config and no limit; give --budget too (or leave --speed out)"
+                if fresh
+                else "with no --config; a resumed or fine-tuned run keeps its model: leave --speed out"
+            )
         )
     if budget is not None:
         if resume:
