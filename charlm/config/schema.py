@@ -70,7 +70,8 @@ class DataConfig:
     val_path: str = documented(
         "",
         "a file (same format as data.path) to validate on as it is, instead of a fraction of data.path: picks "
-        "best.pt and stops early; characters the training file lacks are refused (empty = split data.path)",
+        "best.pt and stops early; characters the training file lacks are refused, or read as the unknown symbol "
+        "(data.unknown_dropout) (empty = split data.path)",
     )
     test_path: str = documented(
         "",
@@ -93,8 +94,8 @@ class DataConfig:
     unknown_dropout: float = documented(
         0.0,
         "pairs: the chance that a training source character is read as the unknown symbol (U+001A) instead, so the "
-        "model learns to read past characters it never saw; > 0 adds the symbol to the vocabulary, and `--unknown "
-        "replace` then maps unseen source characters to it (0 = no unknown symbol)",
+        "model learns to read past characters it never saw; > 0 adds the symbol, which then stands for unseen "
+        "characters of data.val_path/test_path, of eval and of --unknown replace (0 = none: such files are refused)",
         ge=0.0,
         le=0.5,
     )
