@@ -15,20 +15,25 @@ from typing import TYPE_CHECKING, Any
 from charlm.errors import CharlmError, Interrupted, UsageError, WorkError
 from charlm.version import __version__
 
-__all__ = ["CharlmError", "Interrupted", "Model", "UsageError", "WorkError", "__version__", "load", "train"]
+__all__ = ["CharlmError", "Interrupted", "Model", "UsageError", "WorkError", "__version__", "export", "load", "train"]
 
 # torch warns at import when NumPy is missing; charlm never uses NumPy, so that line is only noise for users
 # (and would break the one-line-error promise of the CLI).
 warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
 
 if TYPE_CHECKING:
-    from charlm.api.model import Model, load, train
+    from charlm.api.entry import export, load, train
+    from charlm.api.model import Model
 
 
 def __getattr__(name: str) -> Any:
     # The API needs torch; importing it lazily keeps `import charlm` (and so `charlm --help`) fast.
-    if name in ("Model", "load", "train"):
-        from charlm.api import model as api
+    if name == "Model":
+        from charlm.api.model import Model
 
-        return getattr(api, name)
+        return Model
+    if name in ("export", "load", "train"):
+        from charlm.api import entry
+
+        return getattr(entry, name)
     raise AttributeError(f"module 'charlm' has no attribute {name!r}")

@@ -46,7 +46,7 @@ try:  # packages by role
     from charlm.data.tokenizer import CharTokenizer
     from charlm.decoding.generate import sample
     from charlm.models.decoder import GPT
-    from charlm.api.model import load
+    from charlm import load
     from charlm.models.quantize import for_decoding
     try:
         from charlm.decoding.options import DecodeOptions as SampleOptions
@@ -113,7 +113,7 @@ def agreement(checkpoint: str, steps: int) -> list[dict]:
     character first as the plain float32 decoder, and each one's loss."""
     import torch
 
-    from charlm.api.model import load
+    from charlm import load
     from charlm.data.corpus import Corpus
     from charlm.decoding.generate import teacher_forced
 

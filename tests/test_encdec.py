@@ -24,8 +24,9 @@ from charlm.config.schema import load_config
 from charlm.data.pairs import pad_batch
 from charlm.data.tokenizer import BOS, EOS, PAD
 from charlm.decoding.options import DecodeOptions
-from charlm.decoding.transduce import beam_search, edit_distance, transduce
+from charlm.decoding.transduce import beam_search, transduce
 from charlm.errors import UsageError
+from charlm.evaluation.transduction import edit_distance
 from charlm.families.registry import model_info
 from charlm.models.encoder_decoder import EncoderDecoder
 

@@ -13,9 +13,9 @@ from test_encdec import SHAPE, reversal_file
 
 import charlm
 from charlm.config.schema import load_config
-from charlm.data.pairs import pairs_total
 from charlm.data.tokenizer import BOS, PAD
-from charlm.decoding.transduce import TargetSteps, ensemble_total
+from charlm.decoding.steps import ModuleTargetSteps
+from charlm.evaluation.transduction import ensemble_total, pairs_total
 from charlm.models.encoder_decoder import EncoderDecoder
 
 
@@ -43,8 +43,8 @@ def test_steps_take_the_mean_log_probability_and_the_loss_is_never_above_the_mem
     a, b = EncoderDecoder(config, 12).eval(), EncoderDecoder(config, 12).eval()
     sources = [[3, 4, 5], [6, 7]]
     token = torch.full((2, 1), BOS)
-    together = TargetSteps([a, b], sources).logits(token)
-    alone = [TargetSteps(m, sources).logits(token).log_softmax(-1) for m in (a, b)]
+    together = ModuleTargetSteps([a, b], sources).logits(token)
+    alone = [ModuleTargetSteps(m, sources).logits(token).log_softmax(-1) for m in (a, b)]
     torch.testing.assert_close(together, (alone[0] + alone[1]) / 2)
     assert together[:, [PAD, BOS]].isinf().all()
     pairs = [([3, 4, 5], [6, 7, 8]), ([6, 7], [9]), ([10, 11, 3, 4], [5, 6])]

@@ -59,10 +59,10 @@ def test_checkpoint_arguments_say_an_export_is_accepted():
 def test_eval_json_help_names_each_kind_of_results_figures():
     """Every figure `charlm eval --json` prints for a text, a list of pairs, a lines model or an encoder is named in
     its help (the per-item details of pairs and lists, and the skipped lines, are left to the docs)."""
-    from charlm.decoding.transduce import TransductionResult
     from charlm.evaluation.items import ItemsResult
     from charlm.evaluation.loss import EvalResult
     from charlm.evaluation.masked import MaskedResult
+    from charlm.evaluation.transduction import TransductionResult
 
     details = {
         "sources",

@@ -196,7 +196,7 @@ def counts_line(result: dict) -> str:
 
 
 def test_novel_prints_only_items_in_no_split_and_draws_until_it_has_enough(lines_run):
-    from charlm.api.model import load
+    from charlm.api.entry import load
 
     model = load(lines_run, "cpu")
     corpus = LineCorpus.from_config(model.config.data, BLOCK, model.tokenizer)
@@ -233,7 +233,7 @@ def ab_run(tmp_path_factory):
 
 def ab_splits(run) -> tuple[set[str], set[str]]:
     """The run's training items and its held-out ones (validation and test), read by hand."""
-    from charlm.api.model import load
+    from charlm.api.entry import load
 
     model = load(run, "cpu")
     corpus = LineCorpus.from_config(model.config.data, 4, model.tokenizer)
@@ -346,7 +346,7 @@ def test_novel_on_a_text_model_is_refused_in_one_line(tiny_checkpoint):
 def test_eval_loss_per_character_counts_the_end_symbol(lines_run):
     """charlm eval's loss, by hand: -ln p of every character and of the end symbol after it, from the start symbol,
     over the validation items, divided by their characters plus one end symbol each."""
-    from charlm.api.model import load
+    from charlm.api.entry import load
 
     result = json.loads(run_cli("eval", lines_run, "--json", check=True).stdout)
     model = load(lines_run, "cpu")
@@ -366,7 +366,7 @@ def test_eval_loss_per_character_counts_the_end_symbol(lines_run):
 
 
 def test_score_gives_each_line_its_log_likelihood_in_order_or_ranked(lines_run, tmp_path):
-    from charlm.api.model import load
+    from charlm.api.entry import load
 
     candidates = tmp_path / "candidates.txt"
     candidates.write_text("emma\n\nqzxv\nolivia\n")

@@ -175,7 +175,7 @@ def test_a_tampered_export_config_is_one_line(exported, tmp_path):
 def test_an_export_records_the_data_file_name_not_its_path_and_names_the_optimizer(tmp_path, tiny_checkpoint):
     import json
 
-    from charlm.api.model import export
+    from charlm import export
 
     export(tiny_checkpoint, tmp_path / "exported")
     config = json.loads((tmp_path / "exported" / "config.json").read_text())

@@ -80,7 +80,7 @@ class SendsCtrlCWhenCollected:
 
 
 def test_a_ctrl_c_during_a_finaliser_stops_the_continuation_at_the_next_character(tiny_checkpoint, monkeypatch):
-    from charlm.api.model import load
+    from charlm.api.entry import load
     from charlm.cli.repl import _continue
     from charlm.decoding.options import DecodeOptions
 

@@ -18,8 +18,9 @@ from charlm.data.pairs import PairBatches, PairCorpus
 from charlm.data.records import SPLIT_SEED
 from charlm.data.tokenizer import UNKNOWN_CHAR
 from charlm.decoding.options import DecodeOptions
-from charlm.decoding.transduce import error_rates, score_pairs, transduce
+from charlm.decoding.transduce import transduce
 from charlm.errors import UsageError
+from charlm.evaluation.transduction import error_rates, score_pairs
 from charlm.models.encoder_decoder import EncoderDecoder
 
 
@@ -54,7 +55,7 @@ def test_score_pairs_groups_a_sources_lines_and_keeps_the_line_by_line_figures(t
     wrong = {h: "".join(sorted(set("abc") - set(h[:1]))) or "a" for h in hypotheses}
     # each source twice: first a reference the model did not write, then the one it did
     pairs = [(s, encode(t)) for s, h in zip(sources, hypotheses, strict=True) for t in (wrong[h], h)]
-    result = score_pairs(model, corpus.tokenizer.decode, pairs, options)
+    result = score_pairs([model], corpus.tokenizer.decode, pairs, lambda s: transduce(model, s, options))
     assert (result.sources, result.lines) == (2, 4)
     assert result.word_error_rate == 0.0 and result.exact_match == 1.0
     assert result.single_reference["word_error_rate"] == 0.5 and result.single_reference["lines"] == 4

@@ -2,7 +2,7 @@
 sample, evaluate, transduce, fill, attention, export), each checking its arguments with the same one-line errors as
 the command line.
 
+charlm.load, charlm.export and charlm.train are in entry, the Model in model, an ONNX export's Model in onnx_model.
+
 May import charlm.training and everything below it; the server and the CLI are built on it.
 """
-
-from charlm.api import onnx_model  # noqa: F401  (registers ONNX export folders with charlm.load and export)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -17,11 +17,11 @@ from charlm.config.schema import Config
 from charlm.data.tokenizer import Tokenizer, UnknownPolicy
 from charlm.decoding.generate import SampleResult
 from charlm.decoding.options import DecodeOptions, field_name
-from charlm.decoding.transduce import TransductionResult
 from charlm.errors import UsageError
 from charlm.evaluation.items import ItemsResult
 from charlm.evaluation.loss import EvalResult
 from charlm.evaluation.masked import MaskedResult
+from charlm.evaluation.transduction import TransductionResult
 from charlm.families import decoder as text
 from charlm.families import encoder as masked
 from charlm.families import encoder_decoder as pairs
@@ -35,7 +35,6 @@ from charlm.models.info import ModelInfo
 from charlm.models.linear import onednn_linears, onednn_problem, use_onednn
 from charlm.models.quantize import for_decoding
 from charlm.storage.checkpoint import Checkpoint
-from charlm.storage.loading import load_model_file, model_path
 
 
 class Model:
@@ -61,6 +60,10 @@ class Model:
     @property
     def encoder(self) -> EncoderOnly:
         return self.family.as_encoder(self)
+
+    def require(self, kind: Literal["decoder", "encoder-decoder"]) -> None:
+        """Refuse, in one line, a model that is not a `kind` (the error names what it is and does instead)."""
+        (self.family.as_decoder if kind == "decoder" else self.family.as_encoder_decoder)(self)
 
     def scoring_kernels(self) -> contextlib.AbstractContextManager:
         """The linear layers' kernels the run's own final pass used (train.cpu_linear), so that scores agree with
@@ -215,10 +218,29 @@ class Model:
     ) -> str | list[str]:
         """An encoder-decoder's target for a source (a list for a list): greedy by default, `beam` > 1 for beam
         search; with `ensemble` (other encoder-decoders of the same vocabulary), decoded by all of them together."""
-        many = sources_argument(sources)
-        decoding = (beam, temperature, top_k, top_p, seed, unknown, replace_with, _models(ensemble))
-        targets = pairs.transduce_sources(self, many, *decoding)
+        room = self.config.model.block_size
+        options = DecodeOptions(beam=beam, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+        targets = self.rewrite(
+            sources_argument(sources), options.with_(max_new_tokens=room), unknown, replace_with, ensemble
+        )
         return targets[0] if isinstance(sources, str) else targets
+
+    def rewrite(
+        self,
+        sources: list[str],
+        options: DecodeOptions,
+        unknown: UnknownPolicy = "error",
+        replace_with: str | None = None,
+        ensemble: Sequence[Model] = (),
+    ) -> list[str]:
+        """transduce() with its decoding as one DecodeOptions record (beam, temperature, top-k, top-p, seed,
+        max_new_tokens: the most characters of a target, the context less one at most)."""
+        return pairs.transduce_sources(self, sources, options, unknown, replace_with, _models(ensemble))
+
+    def rewriter(self, ensemble: Sequence[Any] = ()) -> Any:
+        """How this model rewrites sources' ids under DecodeOptions: torch's decoding loop (an export run by another
+        runtime gives its own)."""
+        return pairs.torch_rewriter(self, ensemble)
 
     def encode_source(
         self, source: str, unknown: UnknownPolicy = "error", replace_with: str | None = None
@@ -256,13 +278,6 @@ class Model:
         return self.family.info(self.config.model, self.tokenizer.vocab_size)
 
 
-# Folders that are not torch models, each read by the module that registers its loader here (charlm/api/onnx_model.py,
-# imported with the package): a loader returns a Model, or None for a folder that is not its kind.
-FOLDER_KINDS: list[Callable[[Path, str, str], Model | None]] = []
-# Export formats beside safetensors, registered the same way: (checkpoint, out_dir, web, runtime, overwrite) -> files.
-EXPORT_FORMATS: dict[str, Callable[..., list[Path]]] = {}
-
-
 def string_argument(value: Any, what: str) -> str:
     """One string from the API's caller, or one line saying what else came."""
     if isinstance(value, str):
@@ -284,94 +299,3 @@ def _models(ensemble: Any) -> list[Any]:
     if isinstance(ensemble, (list, tuple)) and all(hasattr(m, "family") for m in ensemble):  # torch or ONNX
         return list(ensemble)
     raise UsageError(f"ensemble must be a list of models loaded with charlm.load, got {ensemble!r}")
-
-
-def load(path: str | Path, device: str = "auto", precision: str = "float32") -> Model:
-    """A checkpoint file (or a run folder: its best.pt) as a Model on `device` (auto: cuda, then mps, then cpu); an
-    ONNX export folder as a model run by onnxruntime (charlm.api.onnx_model).
-
-    precision="int8" stores the blocks' weight matrices as int8 for decoding on the CPU (about 3x faster batch-1
-    sampling of a 6 x 384 model whose float32 weights outgrow the cache); the output head, and layers whose input
-    width is not a multiple of 16, stay float32; the text can differ from float32's (charlm.models.quantize)."""
-    if not isinstance(path, (str, Path)) or not str(path):
-        raise UsageError(f"path must name a checkpoint, a run folder or an export, got {path!r}")
-    folder = model_path(path)
-    for kind in FOLDER_KINDS:
-        if (model := kind(folder, device, precision)) is not None:
-            return model
-    return Model.from_checkpoint(load_model_file(path), device, precision)
-
-
-def export(
-    checkpoint: str | Path,
-    out_dir: str | Path,
-    format: str = "safetensors",
-    web: bool = False,
-    runtime: str | Path | None = None,
-    overwrite: bool = False,
-) -> list[Path]:
-    """Write an export to out_dir: safetensors (model.safetensors), or ONNX (its graphs, checked against the torch
-    model: charlm.api.onnx_model.export_onnx), with config.json, vocab.json and a README.md model card; `web` adds a
-    page that generates in the browser (docs/export.md). A folder that is not empty is refused unless `overwrite`, which
-    replaces only an earlier export."""
-    if web and format == "safetensors":
-        format = "onnx"  # the page runs the ONNX graphs
-    if format in EXPORT_FORMATS:
-        return EXPORT_FORMATS[format](checkpoint, out_dir, web, runtime, overwrite)
-    if format != "safetensors":
-        raise UsageError(f"--format must be one of safetensors, {', '.join(EXPORT_FORMATS)}; got {format!r}")
-    if runtime is not None:
-        raise UsageError("--runtime bundles onnxruntime-web with a web page: add --web")
-    from charlm.storage.export import FILES, check_target, write_export
-
-    out = Path(out_dir)
-    check_target(out, overwrite)
-    ckpt = load_model_file(checkpoint)
-    model = Model.from_checkpoint(ckpt, "cpu")
-    return write_export(ckpt, out, model.family.card(model, ckpt.step, out, FILES))
-
-
-def train(
-    config: str | Path | None = None,
-    overrides: dict[str, Any] | None = None,
-    data: str | Path | None = None,
-    out_dir: str | Path | None = None,
-    *,
-    resume: bool = False,
-    overwrite: bool = False,
-    quiet: bool = False,
-    init_from: str | Path | None = None,
-    extend_vocab: bool = False,
-    budget: str | None = None,
-    speed: float | str | None = None,
-) -> dict[str, Any]:
-    """Train like `charlm train` and return its summary (the fields of `train --json`). Without a `config` and a
-    limit (`train.max_seconds` or `train.max_steps` in `overrides`), like the command, the budget rule's pick for
-    100 s on this machine (configs/cpu.yaml's recipe on the CPU the rule was measured on).
-
-    `init_from` fine-tunes: the run starts from that checkpoint's, run folder's or export's weights, shape and
-    vocabulary (`extend_vocab` adds the new text's unseen characters instead of refusing them). `budget` ("10m",
-    "1h") is `charlm train --budget`: the model and learning rates for that time and the corpus, overrides kept;
-    `speed` (26000 or "26k": the reference model's training characters a second here) spares measuring it.
-
-    `overrides` maps dotted keys to values ({"train.max_steps": 200}). Ctrl-C (KeyboardInterrupt) stops the run
-    after saving last.pt and propagates; no signal handler is installed and the process is never exited.
-    """
-    from charlm.training.run import resolve_run
-
-    if not isinstance(overrides, (dict, type(None))) or not all(isinstance(k, str) for k in overrides or {}):
-        raise UsageError(f'overrides must map dotted keys to values ({{"train.max_steps": 200}}), got {overrides!r}')
-    if out_dir is not None and not isinstance(out_dir, (str, Path)):
-        raise UsageError(f"out_dir must be a folder's path (a str or a Path), got {out_dir!r}")
-    if budget is not None and not isinstance(budget, str):
-        raise UsageError(f'budget must be a duration string such as "10m" or "90s", got {budget!r}')
-    if resume and overwrite:
-        raise UsageError("resume and overwrite contradict each other: resume continues the run, overwrite replaces it")
-    options = {key: (key, value) for key, value in (overrides or {}).items()}  # typed values, no YAML round trip
-    options["data.path"] = ("data", None if data is None else str(data))
-    request = resolve_run(
-        None if config is None else str(config), [], options, out_dir, resume=resume, overwrite=overwrite,
-        init_from=init_from, extend_vocab=extend_vocab, budget=budget, speed=None if speed is None else str(speed),
-    )  # fmt: skip
-    summary = request.run(quiet=quiet)
-    return summary.to_dict() if summary is not None else {}

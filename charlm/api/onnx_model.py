@@ -1,5 +1,5 @@
-"""An ONNX export folder as a charlm Model run by onnxruntime, and the ONNX export itself: both registered with
-charlm.api.model (charlm.load and export find them there), so the torch API does not import them."""
+"""An ONNX export folder as a charlm Model run by onnxruntime, and the ONNX export itself (charlm.load and
+charlm.export call them: charlm/api/entry.py)."""
 
 from __future__ import annotations
 
@@ -10,16 +10,16 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from charlm.api import model as api
-from charlm.api.model import Model, load_model_file
+from charlm.api.model import Model
 from charlm.data.corpus import IGNORE
 from charlm.data.pairs import Pair, in_batches, pad_batch
 from charlm.data.tokenizer import UnknownPolicy
-from charlm.decoding.generate import SampleResult
-from charlm.decoding.options import DecodeOptions, field_name
-from charlm.decoding.stepped import sample_stepped, transduce_stepped
-from charlm.decoding.transduce import TransductionResult, against_references
+from charlm.decoding.generate import SampleResult, sample_graph
+from charlm.decoding.options import DecodeOptions
+from charlm.decoding.transduce import transduce_graphs
 from charlm.errors import UsageError
+from charlm.evaluation.transduction import TransductionResult, against_references
+from charlm.storage.loading import load_model_file
 from charlm.storage.onnx_export import OnnxExport, Written, is_onnx_export, read_onnx_export
 from charlm.storage.onnx_runtime import OnnxForward
 
@@ -49,39 +49,23 @@ class OnnxModel(Model):
     def sample(
         self, prompt_ids: list[int], options: DecodeOptions, on_text: Callable[[str], None] | None = None
     ) -> SampleResult:
-        self.decoder  # noqa: B018  (another family is refused in one line)
+        self.require("decoder")
         if options.compile or not options.use_cache:
             raise self.torch_only("--compile" if options.compile else "--no-cache")
-        return sample_stepped(self.onnx.step, self.config.model, self.tokenizer, prompt_ids, options, on_text)
+        return sample_graph(self.onnx.step, self.config.model, self.tokenizer, prompt_ids, options, on_text)
 
-    def transduce(
-        self,
-        sources: str | list[str],
-        beam: int = 1,
-        temperature: float = 0.0,
-        top_k: int | None = None,
-        top_p: float = 1.0,
-        seed: int | None = None,
-        unknown: UnknownPolicy = "error",
-        replace_with: str | None = None,
-        ensemble: Sequence[Model] = (),
-    ) -> str | list[str]:
-        self.encoder_decoder  # noqa: B018
-        if beam > 1 or ensemble:
-            raise self.torch_only("beam search (--beam)" if beam > 1 else "an ensemble (--ensemble)")
-        many = api.sources_argument(sources)
-        ids = [self.encode_source(s, unknown, replace_with) for s in many]
+    def rewriter(self, ensemble: Sequence[Any] = ()) -> Any:
+        """An encoder-decoder export rewrites as the torch model does (greedy, sampled or by beam search), the same
+        decoding loop stepped through its encoder and decoder-step graphs."""
+        self.require("encoder-decoder")
+        if ensemble:
+            raise self.torch_only("an ensemble (--ensemble)")
         room = self.config.model.block_size
-        options = DecodeOptions(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, max_new_tokens=room)
-        found = transduce_stepped(self.onnx.encode, self.onnx.target_step, ids, options.checked(field_name), room - 1)
-        targets = [self.tokenizer.decode(t) for t in found]
-        return targets[0] if isinstance(sources, str) else targets
+        return lambda ids, options: transduce_graphs(self.onnx, ids, options, room)
 
     def pair_scorer(self, beam: int) -> Any:
         """An encoder-decoder export is scored as the torch model is: the teacher-forced loss through the decoder
-        graph, greedy targets through the encoder and decoder-step graphs."""
-        if beam > 1:
-            raise self.torch_only("beam search (--beam)")
+        graph, targets (greedy or by beam search) through the encoder and decoder-step graphs."""
         return self._score_pairs
 
     def _score_pairs(self, scored: list[Pair], options: DecodeOptions, batch_size: int) -> TransductionResult:
@@ -93,12 +77,11 @@ class OnnxModel(Model):
                 logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE, reduction="sum"
             ).item()
             count += int((targets != IGNORE).sum())
-        room = self.config.model.block_size
 
-        def rewrite(sources: list[list[int]]) -> list[list[int]]:
-            return transduce_stepped(self.onnx.encode, self.onnx.target_step, sources, options, room - 1)
-
-        return against_references(self.tokenizer.decode, scored, total, count, rewrite, options)
+        rewrite = self.rewriter()
+        return against_references(
+            self.tokenizer.decode, scored, total, count, lambda sources: rewrite(sources, options), options.beam
+        )
 
     def attention(self, prompt: str, unknown: UnknownPolicy = "error") -> torch.Tensor:
         raise self.torch_only("attention maps")
@@ -141,9 +124,3 @@ def export_onnx(
     page = (lambda folder: write_page(folder, bundled)) if web else None
     card = lambda: model.family.card(model, ckpt.step, out, files)  # noqa: E731  (written once the graphs export)
     return write_onnx_export(ckpt, model, model.family, out, card, overwrite, page)
-
-
-api.FOLDER_KINDS.append(load_onnx)
-api.EXPORT_FORMATS["onnx"] = lambda checkpoint, out_dir, web, runtime, overwrite: (
-    export_onnx(checkpoint, out_dir, web, runtime, overwrite).files
-)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
@@ -40,6 +40,9 @@ from charlm.cli.support import (
 from charlm.data.download import MAX_TIMEOUT, MIN_TIMEOUT
 from charlm.errors import Interrupted, SaveFailed, UsageError, shell_path
 from charlm.version import __version__
+
+if TYPE_CHECKING:
+    from charlm.training.run import RunRequest
 
 EXIT_CODES_HELP = "Exit codes: 0 ok, 1 runtime failure, 2 usage or config error, 130/143 interrupted (SIGINT/SIGTERM)."
 
@@ -226,26 +229,45 @@ def train(
     this machine: its speed measured first for a few seconds (or given with --speed), configs/cpu.yaml's recipe on a
     2-core CPU, a bigger model on a faster one. tiny-shakespeare is downloaded when missing."""
     needs_torch()
-    from charlm.cli.report import print_train_summary
-    from charlm.cli.signals import StopSignals
-    from charlm.progress import TrainReporter
     from charlm.training.run import resolve_run
 
+    _refuse_train_clashes(resume, overwrite, extend_vocab, init_from)
+    options = _train_flag_settings(data, device, max_steps, max_seconds, seed)
+    request = resolve_run(
+        config, set_ or [], options, out_dir, resume=resume, overwrite=overwrite, init_from=init_from,
+        extend_vocab=extend_vocab, budget=budget, speed=speed,
+    )  # fmt: skip
+    _train_and_report(request, quiet, json_out)
+
+
+def _refuse_train_clashes(resume: bool, overwrite: bool, extend_vocab: bool, init_from: str | None) -> None:
+    """Flags that cannot go together, refused before any configuration is read."""
     if resume and overwrite:
         raise UsageError("--resume and --overwrite contradict each other; choose one")
     if extend_vocab and init_from is None:
         raise UsageError("--extend-vocab extends the vocabulary of an --init-from model; add --init-from CKPT")
-    options = {
+
+
+def _train_flag_settings(
+    data: str | None, device: str | None, max_steps: int | None, max_seconds: float | None, seed: int | None
+) -> dict[str, tuple[str, Any]]:
+    """The config keys `charlm train`'s own flags set, each with the flag that messages name it by."""
+    return {
         "data.path": ("--data", data),
         "train.device": ("--device", device),
         "train.max_steps": ("--max-steps", max_steps),
         "train.max_seconds": ("--max-seconds", max_seconds),
         "train.seed": ("--seed", seed),
     }
-    request = resolve_run(
-        config, set_ or [], options, out_dir, resume=resume, overwrite=overwrite, init_from=init_from,
-        extend_vocab=extend_vocab, budget=budget, speed=speed,
-    )  # fmt: skip
+
+
+def _train_and_report(request: RunRequest, quiet: bool, json_out: bool) -> None:
+    """The run under the command line's signal handlers, a stop or a full disk told with the command that goes on,
+    then its summary printed (by rank 0 alone under torchrun: the other ranks have none)."""
+    from charlm.cli.report import print_train_summary
+    from charlm.cli.signals import StopSignals
+    from charlm.progress import TrainReporter
+
     with StopSignals(before_exit=remover_if_created(request.out_dir)) as stop:
         try:
             summary = request.run(reporter=TrainReporter(quiet), stop=stop)
@@ -326,7 +348,7 @@ def eval_(
     one, and the mean log-likelihood of an item (items and mean_logprob in --json); `charlm score` gives each line's.
     """
     needs_torch()
-    from charlm.api.model import load
+    from charlm.api.entry import load
     from charlm.cli.report import print_score
 
     check_replacement(replace_with)

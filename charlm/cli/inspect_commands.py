@@ -126,7 +126,7 @@ def attention(
     For an encoder-decoder the prompt is a source: its greedy target is decoded, then --part picks the map.
     """
     needs_torch()
-    from charlm.api.model import load
+    from charlm.api.entry import load
     from charlm.cli.plot import check_image_target
 
     if not json_out:
@@ -249,7 +249,7 @@ def export_(
     --web adds index.html, a page that generates in the browser. DIR must be empty unless --overwrite.
     """
     needs_torch()
-    from charlm.api.model import export
+    from charlm.api.entry import export
     from charlm.api.onnx_model import export_onnx
     from charlm.progress import stderr_console
 

@@ -110,7 +110,7 @@ def score(
     """
     check_replacement(replace_with)
     needs_torch()
-    from charlm.api.model import load
+    from charlm.api.entry import load
     from charlm.families.lines import read_candidates
 
     model = load(checkpoint_path(checkpoint), device)  # a bad checkpoint before a bad file

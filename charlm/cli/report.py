@@ -11,10 +11,10 @@ from charlm.progress import stderr_console, stdout_console
 
 if TYPE_CHECKING:  # only for annotations: `charlm config --keys` must not import torch
     from charlm.config.reference import KeyInfo
-    from charlm.decoding.transduce import TransductionResult
     from charlm.evaluation.items import ItemsResult
     from charlm.evaluation.loss import EvalResult
     from charlm.evaluation.masked import MaskedResult
+    from charlm.evaluation.transduction import TransductionResult
     from charlm.models.info import ModelInfo
     from charlm.storage.run_state import TrainSummary
 

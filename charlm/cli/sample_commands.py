@@ -5,6 +5,7 @@ only."""
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 from typing import Annotated, Optional
 
 import typer
@@ -25,101 +26,118 @@ from charlm.cli.support import (
     print_json,
     write_flushed,
 )
-from charlm.data.tokenizer import UNKNOWN_CHAR
-from charlm.decoding.options import MAX_FILL_CANDIDATES
+from charlm.data.tokenizer import UNKNOWN_CHAR, UnknownPolicy
+from charlm.decoding.options import MAX_FILL_CANDIDATES, DecodeOptions
 from charlm.errors import UsageError
 from charlm.progress import stderr_console
 
+# `charlm sample`'s options, named here so that its signature stays short enough to read at a glance.
+CheckpointArgument = Annotated[Optional[str], typer.Argument(help=CHECKPOINT_HELP, show_default=False)]
+PromptOption = Annotated[Optional[str], typer.Option(help="Text to continue. Default: a newline.")]
+PromptFileOption = Annotated[
+    Optional[str], typer.Option(help="Read the prompt from this UTF-8 file instead; - reads standard input.")
+]
+MaxNewTokensOption = Annotated[
+    Optional[int],
+    typer.Option(min=0, help="Characters to generate per sample. Default: the checkpoint's sample.max_new_tokens."),
+]
+TemperatureOption = Annotated[Optional[float], typer.Option(min=0.0, help="Softmax temperature; 0 = greedy (argmax).")]
+TopKOption = Annotated[
+    Optional[int], typer.Option(min=1, help="Keep only the K most likely characters (clamped to the vocabulary).")
+]
+TopPOption = Annotated[
+    Optional[float],
+    typer.Option(help="Nucleus: keep the smallest set of characters reaching probability P (0 <= P <= 1)."),
+]
+SeedOption = Annotated[
+    Optional[int],
+    typer.Option(help="Same seed and options give the same text: on a GPU too, unless its logits round apart."),
+]
+NumSamplesOption = Annotated[int, typer.Option(min=1, max=1024, help="Samples generated together as one batch.")]
+StopOption = Annotated[
+    Optional[list[str]],
+    typer.Option(
+        help="End a sample just before the first occurrence of this string, which is left out (as in the "
+        "server). Repeatable."
+    ),
+]
+UnknownOption = Annotated[Unknown, typer.Option(help="Prompt characters outside the vocabulary.")]
+ReplaceWithOption = Annotated[Optional[str], typer.Option(help=REPLACE_HELP)]
+StreamOption = Annotated[
+    Optional[bool],
+    typer.Option(
+        "--stream/--no-stream", help="Print characters as they come (default: on a terminal, with one sample)."
+    ),
+]
+NoCacheOption = Annotated[
+    bool, typer.Option("--no-cache", help="Recompute the whole window every step (slow; the reference path).")
+]
+CompileOption = Annotated[
+    bool,
+    typer.Option(
+        "--compile",
+        help="Compile the decoding step (torch.compile): seconds to compile first, then ~1.6x faster batch-1 "
+        "steps (int8 on big models, float32 on small ones); pays for long texts and --interactive. The text can "
+        "differ from the uncompiled one's after a while.",
+    ),
+]
+SampleJsonOption = Annotated[
+    bool,
+    typer.Option(
+        "--json",
+        help='Print one JSON object: {"samples": [...], "chars_per_s": ..., "replaced": N, "runtime": ...} '
+        "(replaced: characters a byte model produced that were not valid UTF-8, shown as U+FFFD; runtime: torch, "
+        "or onnxruntime for an ONNX export; with --compile also "
+        '"compile_s", the seconds compiling took, which chars_per_s leaves out).',
+    ),
+]
+BeamOption = Annotated[
+    int,
+    typer.Option(min=1, max=64, help="Encoder-decoder: beam search with N hypotheses, length-normalised (1 = greedy)."),
+]
+InteractiveOption = Annotated[
+    bool,
+    typer.Option(
+        "--interactive",
+        "-i",
+        help="Load once, then continue prompt after prompt (/help lists the commands); without a terminal, one "
+        "prompt per input line.",
+    ),
+]
+NovelOption = Annotated[
+    bool,
+    typer.Option(
+        "--novel",
+        help="A lines model: print only new items, in none of the run's files (training, validation and test "
+        "splits), drawing until there are --num-samples of them; stderr counts the samples in training, held out "
+        "and new.",
+    ),
+]
+
 
 def sample_(
-    checkpoint: Annotated[Optional[str], typer.Argument(help=CHECKPOINT_HELP, show_default=False)] = None,
-    prompt: Annotated[Optional[str], typer.Option(help="Text to continue. Default: a newline.")] = None,
-    prompt_file: Annotated[
-        Optional[str], typer.Option(help="Read the prompt from this UTF-8 file instead; - reads standard input.")
-    ] = None,
-    max_new_tokens: Annotated[
-        Optional[int],
-        typer.Option(min=0, help="Characters to generate per sample. Default: the checkpoint's sample.max_new_tokens."),
-    ] = None,
-    temperature: Annotated[
-        Optional[float], typer.Option(min=0.0, help="Softmax temperature; 0 = greedy (argmax).")
-    ] = None,
-    top_k: Annotated[
-        Optional[int], typer.Option(min=1, help="Keep only the K most likely characters (clamped to the vocabulary).")
-    ] = None,
-    top_p: Annotated[
-        Optional[float],
-        typer.Option(help="Nucleus: keep the smallest set of characters reaching probability P (0 <= P <= 1)."),
-    ] = None,
-    seed: Annotated[
-        Optional[int],
-        typer.Option(help="Same seed and options give the same text: on a GPU too, unless its logits round apart."),
-    ] = None,
-    num_samples: Annotated[int, typer.Option(min=1, max=1024, help="Samples generated together as one batch.")] = 1,
-    stop: Annotated[
-        Optional[list[str]],
-        typer.Option(
-            help="End a sample just before the first occurrence of this string, which is left out (as in the "
-            "server). Repeatable."
-        ),
-    ] = None,
-    unknown: Annotated[Unknown, typer.Option(help="Prompt characters outside the vocabulary.")] = Unknown.error,
-    replace_with: Annotated[Optional[str], typer.Option(help=REPLACE_HELP)] = None,
+    checkpoint: CheckpointArgument = None,
+    prompt: PromptOption = None,
+    prompt_file: PromptFileOption = None,
+    max_new_tokens: MaxNewTokensOption = None,
+    temperature: TemperatureOption = None,
+    top_k: TopKOption = None,
+    top_p: TopPOption = None,
+    seed: SeedOption = None,
+    num_samples: NumSamplesOption = 1,
+    stop: StopOption = None,
+    unknown: UnknownOption = Unknown.error,
+    replace_with: ReplaceWithOption = None,
     device: DeviceOption = "auto",
-    stream: Annotated[
-        Optional[bool],
-        typer.Option(
-            "--stream/--no-stream", help="Print characters as they come (default: on a terminal, with one sample)."
-        ),
-    ] = None,
-    no_cache: Annotated[
-        bool, typer.Option("--no-cache", help="Recompute the whole window every step (slow; the reference path).")
-    ] = False,
+    stream: StreamOption = None,
+    no_cache: NoCacheOption = False,
     precision: PrecisionOption = Precision.float32,
-    compile_step: Annotated[
-        bool,
-        typer.Option(
-            "--compile",
-            help="Compile the decoding step (torch.compile): seconds to compile first, then ~1.6x faster batch-1 "
-            "steps (int8 on big models, float32 on small ones); pays for long texts and --interactive. The text can "
-            "differ from the uncompiled one's after a while.",
-        ),
-    ] = False,
-    json_out: Annotated[
-        bool,
-        typer.Option(
-            "--json",
-            help='Print one JSON object: {"samples": [...], "chars_per_s": ..., "replaced": N, "runtime": ...} '
-            "(replaced: characters a byte model produced that were not valid UTF-8, shown as U+FFFD; runtime: torch, "
-            "or onnxruntime for an ONNX export; with --compile also "
-            '"compile_s", the seconds compiling took, which chars_per_s leaves out).',
-        ),
-    ] = False,
-    beam: Annotated[
-        int,
-        typer.Option(
-            min=1, max=64, help="Encoder-decoder: beam search with N hypotheses, length-normalised (1 = greedy)."
-        ),
-    ] = 1,
-    interactive: Annotated[
-        bool,
-        typer.Option(
-            "--interactive",
-            "-i",
-            help="Load once, then continue prompt after prompt (/help lists the commands); without a terminal, one "
-            "prompt per input line.",
-        ),
-    ] = False,
+    compile_step: CompileOption = False,
+    json_out: SampleJsonOption = False,
+    beam: BeamOption = 1,
+    interactive: InteractiveOption = False,
     ensemble: EnsembleOption = None,
-    novel: Annotated[
-        bool,
-        typer.Option(
-            "--novel",
-            help="A lines model: print only new items, in none of the run's files (training, validation and test "
-            "splits), drawing until there are --num-samples of them; stderr counts the samples in training, held out "
-            "and new.",
-        ),
-    ] = False,
+    novel: NovelOption = False,
 ) -> None:
     """Generate text from a checkpoint, continuing a prompt (KV-cached; temperature, top-k, top-p, stop strings).
 
@@ -130,17 +148,10 @@ def sample_(
     stderr (and --json) counts the samples in the run's training split, held out (validation/test) and new.
     """
     needs_torch()
-    from charlm.api.model import load
-    from charlm.data.corpus import read_prompt
-    from charlm.decoding.options import DecodeOptions, check_values
+    from charlm.api.entry import load
+    from charlm.decoding.options import check_values
 
-    if prompt is not None and prompt_file is not None:
-        raise UsageError("give --prompt or --prompt-file, not both")
-    if interactive and (prompt is not None or prompt_file is not None or json_out or num_samples != 1):
-        raise UsageError(
-            "--interactive reads its prompts from the keyboard: leave out --prompt, --prompt-file, --json and "
-            "--num-samples"
-        )
+    _refuse_prompt_clashes(prompt, prompt_file, interactive, json_out, num_samples)
     check_replacement(replace_with)
     # flag mistakes first, before looking for a checkpoint
     given = {"max_new_tokens": max_new_tokens, "temperature": temperature, "top_k": top_k, "top_p": top_p}
@@ -150,7 +161,7 @@ def sample_(
     if novel and not model.family.makes_items:
         cli_items.refuse_novel(model)
     if model.family.rewrites_sources:
-        only_text = {
+        text_flags = {
             "--max-new-tokens": max_new_tokens is not None,
             "--num-samples": num_samples != 1,
             "--stop": bool(stop),
@@ -159,21 +170,65 @@ def sample_(
             "--compile": compile_step,
             "--interactive": interactive,
         }
-        if not_for_pairs := [flag for flag, used in only_text.items() if used]:
-            raise UsageError(
-                f"{', '.join(not_for_pairs)}: not for an encoder-decoder, which rewrites each source whole (use "
-                "--prompt-file - to rewrite lines as they come)"
-            )
-        decoding = (beam, temperature, top_k, top_p, seed, unknown.value, replace_with, members)
-        return transduce_lines(model, prompt, prompt_file, decoding, json_out)
-    model.decoder  # noqa: B018  (an encoder is refused here in one line: it fills blanks, see `charlm fill`)
+        _refuse_text_only_flags(text_flags)
+        room = model.config.model.block_size  # a target's most characters (the context less its start symbol)
+        decoding = DecodeOptions(beam=beam, temperature=temperature or 0.0, top_k=top_k, top_p=top_p or 1.0, seed=seed)
+        rewriting = Rewriting(decoding.with_(max_new_tokens=room), unknown.value, replace_with, members)
+        return transduce_lines(model, prompt, prompt_file, rewriting, json_out)
+    model.require("decoder")  # an encoder is refused here in one line: it fills blanks, see `charlm fill`
     if beam != 1:
         raise UsageError("--beam is for encoder-decoder models; a decoder samples (--temperature 0 is greedy)")
-    if model.family.makes_items:  # an item's beginning: one line, empty by default
-        text = read_prompt(prompt_file).rstrip("\r\n") if prompt_file is not None else (prompt or "")
-    else:
-        text = read_prompt(prompt_file) if prompt_file is not None else ("\n" if prompt is None else prompt)
-    options = DecodeOptions.from_config(
+    text = _decoder_prompt(model, prompt, prompt_file)
+    options = _decode_options(model, given, seed, stop, num_samples, no_cache, compile_step)
+    if interactive:
+        from charlm.cli.repl import run_repl
+
+        return run_repl(model, options, unknown.value, replace_with)
+    if model.family.makes_items:
+        streams = stream if stream is not None else sys.stdout.isatty()
+        return cli_items.print_items(model, text, options, novel, json_out, streams, unknown.value, replace_with)
+    continue_text(model, text, options, json_out, stream, compile_step, unknown.value, replace_with)
+
+
+def _refuse_prompt_clashes(
+    prompt: str | None, prompt_file: str | None, interactive: bool, json_out: bool, num_samples: int
+) -> None:
+    """One prompt source at most, and none with --interactive, whose prompts come from the keyboard."""
+    if prompt is not None and prompt_file is not None:
+        raise UsageError("give --prompt or --prompt-file, not both")
+    if interactive and (prompt is not None or prompt_file is not None or json_out or num_samples != 1):
+        raise UsageError(
+            "--interactive reads its prompts from the keyboard: leave out --prompt, --prompt-file, --json and "
+            "--num-samples"
+        )
+
+
+def _refuse_text_only_flags(given: dict[str, bool]) -> None:
+    """The flags of continuing a text (each with whether it was given) refused together for an encoder-decoder."""
+    if not_for_pairs := [flag for flag, used in given.items() if used]:
+        raise UsageError(
+            f"{', '.join(not_for_pairs)}: not for an encoder-decoder, which rewrites each source whole (use "
+            "--prompt-file - to rewrite lines as they come)"
+        )
+
+
+def _decoder_prompt(model, prompt: str | None, prompt_file: str | None) -> str:
+    """The text a decoder continues: a lines model's item beginning (one line, empty by default), else the prompt
+    as given (a newline by default)."""
+    from charlm.data.corpus import read_prompt
+
+    if model.family.makes_items:
+        return read_prompt(prompt_file).rstrip("\r\n") if prompt_file is not None else (prompt or "")
+    return read_prompt(prompt_file) if prompt_file is not None else ("\n" if prompt is None else prompt)
+
+
+def _decode_options(
+    model, given: dict, seed: int | None, stop: list[str] | None, num_samples: int, no_cache: bool, compile_step: bool
+) -> DecodeOptions:
+    """The checkpoint's sampling defaults with the flags given on top, checked."""
+    from charlm.decoding.options import DecodeOptions
+
+    return DecodeOptions.from_config(
         model.config.sample,
         **given,
         seed=seed,
@@ -182,14 +237,22 @@ def sample_(
         use_cache=not no_cache,
         compile=compile_step,
     ).checked()
-    if interactive:
-        from charlm.cli.repl import run_repl
 
-        return run_repl(model, options, unknown.value, replace_with)
-    if model.family.makes_items:
-        streams = stream if stream is not None else sys.stdout.isatty()
-        return cli_items.print_items(model, text, options, novel, json_out, streams, unknown.value, replace_with)
-    prompt_ids = model.encode_prompt(text, unknown.value, replace_with)
+
+def continue_text(
+    model,
+    text: str,
+    options: DecodeOptions,
+    json_out: bool,
+    stream: bool | None,
+    compile_step: bool,
+    unknown: str,
+    replace_with: str | None,
+) -> None:
+    """A plain decoder's samples of `text`'s continuation: streamed as they come (one sample, on a terminal or with
+    --stream), printed whole (a header before each of several), or as one JSON object."""
+    num_samples = options.num_samples
+    prompt_ids = model.encode_prompt(text, unknown, replace_with)
     streaming = not json_out and num_samples == 1 and (stream if stream is not None else sys.stdout.isatty())
     if streaming:
         write_flushed(model.tokenizer.decode(prompt_ids))  # the prompt as the model sees it
@@ -211,9 +274,23 @@ def sample_(
             sys.stdout.write(sample_text + "\n")
 
 
-def transduce_lines(model, prompt, prompt_file, decoding: tuple, json_out: bool) -> None:
+@dataclass
+class Rewriting:
+    """How `charlm sample` rewrites an encoder-decoder's sources: the decoding, unseen characters, the ensemble."""
+
+    options: DecodeOptions
+    unknown: UnknownPolicy
+    replace_with: str | None
+    members: list
+
+    @property
+    def beam(self) -> int:
+        return self.options.beam
+
+
+def transduce_lines(model, prompt, prompt_file, rewriting: Rewriting, json_out: bool) -> None:
     """--prompt: the target alone; --prompt-file: source<TAB>target for every non-blank line."""
-    beam, temperature, top_k, top_p, seed, unknown, replace_with, members = decoding
+    unknown, replace_with, members, beam = rewriting.unknown, rewriting.replace_with, rewriting.members, rewriting.beam
     from charlm.data.corpus import read_prompt
 
     if prompt_file is not None:
@@ -240,8 +317,7 @@ def transduce_lines(model, prompt, prompt_file, decoding: tuple, json_out: bool)
             f"sources, {'left out' if unknown == 'skip' else what}",
             markup=False,
         )
-    sampling = (temperature or 0.0, top_k, top_p or 1.0, seed)
-    targets = model.transduce(sources, beam, *sampling, unknown, replace_with, members)
+    targets = model.rewrite(sources, rewriting.options, unknown, replace_with, members)
     if json_out:
         rows = [{"source": line, "target": t} for (_, line), t in zip(numbered, targets, strict=True)]
         together = {"ensemble": [str(m.path) for m in [model, *members]]} if members else {}
@@ -270,7 +346,7 @@ def fill(
     Prints the filled text, then a line per blank with its candidates and their probabilities.
     """
     needs_torch()
-    from charlm.api.model import load
+    from charlm.api.entry import load
     from charlm.cli.plot import shown_char
 
     model = load(checkpoint_path(checkpoint), device)

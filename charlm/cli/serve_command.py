@@ -7,7 +7,7 @@ import errno
 import ipaddress
 import socket
 from enum import Enum
-from typing import Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
@@ -24,6 +24,10 @@ from charlm.cli.support import (
 )
 from charlm.data.tokenizer import refuse_special_replacement
 from charlm.errors import UsageError
+
+if TYPE_CHECKING:  # only for annotations: --help must not import torch or the serve extra
+    from charlm.api.model import Model
+    from charlm.serving.http import Served
 
 API_KEY_ENV = "CHARLM_API_KEY"
 SERVE_HINT = 'charlm serve needs FastAPI and uvicorn ({}): pip install -e ".[serve]" in your charlm checkout'
@@ -80,19 +84,34 @@ def serve(
     if max_n > max_batch:
         raise UsageError(f"--max-n ({max_n}) cannot exceed --max-batch ({max_batch}): one request must fit a batch")
     needs_torch()
-    try:
-        import uvicorn
-
-        from charlm.serving.http import Served, sampling_defaults
-        from charlm.serving.server import create_app
-    except ImportError as error:  # named: a package of the extra may be there but broken, or one it needs missing
-        raise UsageError(SERVE_HINT.format(f"cannot import {error.name or error}")) from error
-    from charlm.api.model import load
-    from charlm.progress import stderr_console
+    needs_serve_extra()
+    from charlm.serving.http import Served
     from charlm.serving.requests import Limits
 
-    console = stderr_console()
     listener = bind(host, port)
+    model = load_servable(checkpoint, device, precision, replace_with, max_queue, max_n)
+    limits = Limits(max_batch, max_queue, max_prompt, max_tokens, max_n, max_body)
+    served = Served(limits, model_name, api_key or None, unknown.value, replace_with, generation_defaults.value)
+    start(model, served, host, listener)
+
+
+def needs_serve_extra() -> None:
+    """FastAPI, uvicorn and the server's modules, imported before any model is read, so a missing or broken `serve`
+    extra is one line naming what failed."""
+    try:
+        import uvicorn  # noqa: F401
+
+        from charlm.serving import http, server  # noqa: F401
+    except ImportError as error:  # named: a package of the extra may be there but broken, or one it needs missing
+        raise UsageError(SERVE_HINT.format(f"cannot import {error.name or error}")) from error
+
+
+def load_servable(
+    checkpoint: Optional[str], device: str, precision: Precision, replace_with: str | None, max_queue: int, max_n: int
+) -> Model:
+    """The model to serve, refused in one line when the server could not serve it as the flags ask."""
+    from charlm.api.entry import load
+
     model = load(checkpoint_path(checkpoint), device, precision.value)
     if model.runtime != "torch":  # the engine batches rows through torch's caches
         raise UsageError(f"{model.path} is an ONNX export: serve the checkpoint it came from or a safetensors export")
@@ -102,31 +121,48 @@ def serve(
             f"--max-queue ({max_queue}) cannot be below --max-n ({max_n}): one request's completions must fit the "
             "queue; raise --max-queue or lower --max-n"
         )
-    limits = Limits(max_batch, max_queue, max_prompt, max_tokens, max_n, max_body)
-    served = Served(limits, model_name, api_key or None, unknown.value, replace_with, generation_defaults.value)
+    return model
+
+
+def start(model: Model, served: Served, host: str, listener: socket.socket) -> None:
+    """The model's app on the bound socket, announced on stderr, served by uvicorn until Ctrl-C."""
+    import uvicorn
+
     if model.family.rewrites_sources:  # an encoder-decoder: each prompt a source, each completion its target
         from charlm.serving.transducer import create_transducer_app
 
         app = create_transducer_app(model, served)
     else:
-        model.decoder  # noqa: B018  (an encoder is refused here, in one line, before serving)
+        from charlm.serving.server import create_app
+
+        model.require("decoder")  # an encoder is refused here, in one line, before serving
         app = create_app(model, served)
+    announce(model, served, host, listener)
+    config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=2)
+    uvicorn.Server(config).run(sockets=[listener])
+
+
+def announce(model: Model, served: Served, host: str, listener: socket.socket) -> None:
+    """Where the server listens and what it serves, on stderr; a warning first when other machines can reach it."""
+    from charlm.progress import stderr_console
+    from charlm.serving.http import sampling_defaults
+
+    console = stderr_console()
     bound_host, bound_port = listener.getsockname()[:2]
     url = f"http://{bound_host if ':' not in bound_host else f'[{bound_host}]'}:{bound_port}"
     if not is_loopback(host):
         console.print(
             f"warning: listening on {host}: other machines can reach this server"
-            + ("" if api_key else f"; set --api-key (or {API_KEY_ENV}) to require a key"),
+            + ("" if served.api_key else f"; set --api-key (or {API_KEY_ENV}) to require a key"),
             markup=False,
         )
     page = "" if model.family.rewrites_sources else f"\n  playground  {url}/"  # an encoder-decoder has none
+    key = ", key required" if served.api_key else ""
     console.print(
-        f"serving {model!r}{page}\n  OpenAI API  {url}/v1  (model {model_name!r}"
-        f"{', key required' if api_key else ''})\n  {sampling_defaults(model, served).sentence()}\nCtrl-C stops.",
+        f"serving {model!r}{page}\n  OpenAI API  {url}/v1  (model {served.model_name!r}{key})\n"
+        f"  {sampling_defaults(model, served).sentence()}\nCtrl-C stops.",
         markup=False,
     )
-    config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=2)
-    uvicorn.Server(config).run(sockets=[listener])
 
 
 def bind(host: str, port: int) -> socket.socket:

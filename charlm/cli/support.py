@@ -142,7 +142,7 @@ def load_ensemble(model: Any, given: Optional[list[str]], device: str, precision
     """The models --ensemble names, loaded as the model was; said on stderr. Only an encoder-decoder takes them."""
     if not given:
         return []
-    from charlm.api.model import load
+    from charlm.api.entry import load
     from charlm.families.encoder_decoder import ensemble_models
     from charlm.progress import stderr_console
     from charlm.storage.loading import model_path

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
-from torch import nn
 
 from charlm.config.schema import DataConfig
 from charlm.data.corpus import IGNORE, read_text
@@ -30,7 +29,6 @@ from charlm.data.tokenizer import (
     UnknownPolicy,
 )
 from charlm.errors import UsageError
-from charlm.hardware.device import autocast
 
 Pair = tuple[list[int], list[int]]  # source ids, target ids (without BOS/EOS)
 
@@ -275,27 +273,3 @@ def in_batches(pairs: list[Pair], batch_size: int) -> Iterator[list[Pair]]:
     order = sorted(range(len(pairs)), key=lambda i: (len(pairs[i][0]), len(pairs[i][1])))
     for i in range(0, len(order), batch_size):
         yield [pairs[j] for j in order[i : i + batch_size]]
-
-
-@torch.no_grad()
-def pairs_total(
-    model: nn.Module,
-    pairs: list[Pair],
-    device: torch.device,
-    batch_size: int = 64,
-    amp_dtype: torch.dtype | None = None,
-) -> tuple[float, int]:
-    """Summed cross-entropy (nats) over every target character and EOS, and how many there were."""
-    was_training = model.training
-    model.eval()
-    total = torch.zeros((), dtype=torch.float64, device=device)
-    count = 0
-    for batch in in_batches(pairs, batch_size):
-        (src, tgt_in), targets = pad_batch(batch, device)
-        with autocast(device, amp_dtype):
-            _, loss = model(src, tgt_in, targets)
-        scored = sum(len(t) + 1 for _, t in batch)
-        total += loss.double() * scored
-        count += scored
-    model.train(was_training)
-    return total.item(), count

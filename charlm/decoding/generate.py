@@ -22,11 +22,11 @@ from charlm.config.schema import ModelConfig
 from charlm.data.tokenizer import Tokenizer, UnknownPolicy
 from charlm.decoding.compiled import compiled_decoder
 from charlm.decoding.options import DecodeOptions, check_values
-from charlm.decoding.sampling import sample_next
+from charlm.decoding.sampling import sample_next, seeded_generator
+from charlm.decoding.steps import GraphStep, GraphTextSteps, ModuleTextSteps, TextSteps
 from charlm.decoding.stops import StopStrings
 from charlm.errors import UsageError
 from charlm.models.decoder import GPT, decoder_reach, relative_positions
-from charlm.models.kvcache import KVCache, StaticCache
 
 ChooseNext = Callable[[torch.Tensor], torch.Tensor]  # logits (B, V) -> ids (B,)
 
@@ -81,52 +81,39 @@ def generate_ids(
     through a compiled step with a cache of its own (charlm/decoding/compiled.py)."""
     check_values({"compile": compile, "use_cache": use_cache})
     device, dtype = next(model.parameters()).device, next(model.parameters()).dtype
-    tokens = id_buffer(prompt, max_new_tokens, batch, device)
     if compile:
         with compiled_decoder(model, batch, device, dtype) as decoder:
-            yield from _decode(model, tokens, len(prompt), max_new_tokens, choose, decoder.cache, decoder.step)
+            steps = ModuleTextSteps(model, decoder.cache, decoder.step)
+            yield from decode_text(steps, ContextWindow(model), prompt, max_new_tokens, batch, choose, device)
         return
     cache = model.new_cache(batch, device, dtype) if use_cache else None
-    step = lambda ids: model(ids, cache=cache)[0]  # noqa: E731
-    yield from _decode(model, tokens, len(prompt), max_new_tokens, choose, cache, step)
+    yield from decode_text(ModuleTextSteps(model, cache), ContextWindow(model), prompt, max_new_tokens, batch, choose)
 
 
-def id_buffer(prompt: list[int], max_new_tokens: int, batch: int, device: torch.device | None = None) -> torch.Tensor:
-    """(B, L) ids with the prompt in place and room for the first characters after it, grown by with_room as the text
-    grows: a huge max_new_tokens (a stream meant to run until stopped) takes the memory of what is decoded."""
-    tokens = torch.empty(batch, len(prompt) + min(max_new_tokens, 4096), dtype=torch.long, device=device)
-    tokens[:, : len(prompt)] = torch.tensor(prompt, dtype=torch.long, device=device)
-    return tokens
-
-
-def with_room(tokens: torch.Tensor, n: int) -> torch.Tensor:
-    """tokens (B, L), doubled in length when position n lies past its end."""
-    return torch.cat([tokens, torch.empty_like(tokens)], dim=1) if n == tokens.size(1) else tokens
-
-
-def _decode(
-    model: GPT,
-    tokens: torch.Tensor,
-    n: int,
-    steps: int,
+def decode_text(
+    steps: TextSteps,
+    window: ContextWindow,
+    prompt: list[int],
+    max_new_tokens: int,
+    batch: int,
     choose: ChooseNext,
-    cache: KVCache | StaticCache | None,
-    decode_one: Callable[[torch.Tensor], torch.Tensor],
+    device: torch.device | None = None,
 ) -> Iterator[torch.Tensor]:
-    """Fill tokens (B, L) from position n on for `steps` characters (L doubled whenever full), yielding each step's
-    ids (B,): first chunks (and re-encoded windows) through model(), single new positions through decode_one; with
-    no cache, the whole window every step."""
-    window = ContextWindow(model)
-    for _ in range(steps):
-        if cache is None or cache.length == 0 or window.jumps(n):  # reference every step, a first chunk, a jump
+    """The decoding loop of every runtime: yield the next ids (B,) step by step, every row continuing the prompt.
+    First chunks (and windows that jumped) are encoded afresh, single new positions fed one at a time; the ids are
+    kept in a (B, L) buffer doubled whenever full, so a huge max_new_tokens takes the memory of what is decoded."""
+    n = len(prompt)
+    tokens = torch.empty(batch, n + min(max_new_tokens, 4096), dtype=torch.long, device=device)  # (B, L)
+    tokens[:, :n] = torch.tensor(prompt, dtype=torch.long, device=device)
+    for _ in range(max_new_tokens):
+        if steps.empty or window.jumps(n):  # a first chunk, a jump, or the reference loop's every step
             first = window.advance(n)
-            if cache is not None:
-                cache.reset()  # (re-)encode the window once
-            logits = model(tokens[:, first:n], cache=cache, start_pos=window.position(first))[0]
+            logits = steps.prefill(tokens[:, first:n], window.position(first))
         else:
-            logits = decode_one(tokens[:, n - 1 : n])  # one new position (relative positions: the oldest rolls out)
+            logits = steps.extend(tokens[:, n - 1 : n])
         next_ids = choose(logits[:, -1])  # (B,)
-        tokens = with_room(tokens, n)
+        if n == tokens.size(1):
+            tokens = torch.cat([tokens, torch.empty_like(tokens)], dim=1)
         tokens[:, n] = next_ids
         n += 1
         yield next_ids
@@ -198,11 +185,25 @@ def sample(
     return result
 
 
+def sample_graph(
+    step: GraphStep,
+    config: ModelConfig,
+    tokenizer: Tokenizer,
+    prompt_ids: list[int],
+    options: DecodeOptions,
+    on_text: Callable[[str], None] | None = None,
+) -> SampleResult:
+    """sample() through an export's decoder step (onnxruntime): the same loop, window, sampler and stop strings."""
+    choose = seeded_chooser(options)
+    started = time.perf_counter()
+    window, batch = ContextWindow(config), options.num_samples
+    steps = decode_text(GraphTextSteps(step), window, prompt_ids, options.max_new_tokens, batch, choose)
+    return collect_samples(steps, tokenizer, prompt_ids, options, on_text, started)
+
+
 def seeded_chooser(options: DecodeOptions) -> ChooseNext:
-    """The next ids under these options, drawn from a torch.Generator seeded with options.seed (a fresh seed
-    without one)."""
-    generator = torch.Generator()  # the CPU's on every device (decoding.sampling)
-    generator.manual_seed(options.seed if options.seed is not None else torch.seed())
+    """The next ids under these options, drawn from a generator seeded with options.seed (a fresh seed without one)."""
+    generator = seeded_generator(options.seed)
 
     def choose(logits: torch.Tensor) -> torch.Tensor:
         return sample_next(logits, generator, options.temperature, options.top_k, options.top_p)
@@ -219,7 +220,7 @@ def collect_samples(
     started: float,
 ) -> SampleResult:
     """The samples of a decoding loop's ids (B,) step by step: stop strings, whole characters of a byte model,
-    sample 0 streamed to on_text; timed from `started`. Any runtime's loop ends here (torch's, onnxruntime's)."""
+    sample 0 streamed to on_text; timed from `started`. Every runtime's samples end here (torch's, onnxruntime's)."""
     prompt = tokenizer.decode(prompt_ids)
     texts: list[list[str]] = [[] for _ in range(options.num_samples)]
     ids: list[list[int]] = [[] for _ in range(options.num_samples)]
@@ -241,8 +242,7 @@ def collect_samples(
             break
     for i, decoder in enumerate(decoders):
         if not done[i]:
-            passed = stops[i].feed(decoder.flush())
-            passed += "" if stops[i].stopped else stops[i].flush()
+            passed = stops[i].finish(decoder.flush())
             if passed:
                 texts[i].append(passed)
                 if i == 0 and on_text:

@@ -17,7 +17,7 @@ import torch
 from charlm.data.tokenizer import Tokenizer
 from charlm.decoding.generate import SampleResult, generate_ids
 from charlm.decoding.options import DecodeOptions
-from charlm.decoding.sampling import sample_next
+from charlm.decoding.sampling import sample_next, seeded_generator
 from charlm.decoding.stops import StopStrings
 from charlm.models.decoder import GPT
 
@@ -69,8 +69,7 @@ def sample_items(
     """options.num_samples items drawn together, each from the same prefix; on_text streams item 0's new
     characters. A stop string ends an item just before it, as everywhere else."""
     device = next(model.parameters()).device
-    generator = torch.Generator()  # the CPU's on every device (decoding.sampling)
-    generator.manual_seed(options.seed if options.seed is not None else torch.seed())
+    generator = seeded_generator(options.seed)
     never = torch.tensor(frame.never, device=device)
 
     def choose(logits: torch.Tensor) -> torch.Tensor:
@@ -102,7 +101,7 @@ def sample_items(
             if token == frame.end:
                 drawn += 1
                 ended[i], done[i] = "end", True
-                add(i, stops[i].flush())  # what was held back was not a stop string after all
+                add(i, stops[i].finish())  # what was held back was not a stop string after all
             elif step == cap:  # a character beyond the cap is not drawn: the item ends at its length
                 done[i] = True
             else:
@@ -114,7 +113,7 @@ def sample_items(
             break
     for i in range(n):
         if ended[i] == "length":
-            add(i, stops[i].flush())
+            add(i, stops[i].finish())
     seconds = time.perf_counter() - started
     start = tokenizer.decode(prefix)
     return ItemDraws([DrawnItem(start + "".join(t), e) for t, e in zip(texts, ended, strict=True)], drawn, seconds)

@@ -13,6 +13,13 @@ from collections.abc import Sequence
 import torch
 
 
+def seeded_generator(seed: int | None) -> torch.Generator:
+    """The generator a decoding draws from: the CPU's, seeded with `seed` (a fresh seed without one)."""
+    generator = torch.Generator()
+    generator.manual_seed(seed if seed is not None else torch.seed())
+    return generator
+
+
 def filter_top_k(logits: torch.Tensor, k: int) -> torch.Tensor:
     """Keep the k largest logits per row (k above the vocabulary size keeps all)."""
     if k >= logits.size(-1):

@@ -28,7 +28,13 @@ class StopStrings:
         passed, self.held = self.held, ""
         return passed
 
-    def flush(self) -> str:
-        """The text still held when generation ends without a stop string: it was not the start of one after all."""
+    def finish(self, tail: str = "") -> str:
+        """What is left to pass on when generation ends: `tail` (a byte decoder's last characters) fed, then the text
+        still held, which was not the start of a stop string after all ('' once one is complete)."""
+        if self.stopped:
+            return ""
+        passed = self.feed(tail)
+        if self.stopped:
+            return passed
         held, self.held = self.held, ""
-        return held
+        return passed + held

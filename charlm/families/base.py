@@ -7,6 +7,7 @@ from __future__ import annotations
 import abc
 import contextlib
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -20,7 +21,7 @@ from charlm.data.pairs import PairCorpus
 from charlm.data.tokenizer import Tokenizer, UnknownPolicy
 from charlm.decoding.generate import encode_prompt as encode_text_prompt
 from charlm.decoding.generate import sample as sample_text
-from charlm.decoding.stepped import GraphRuntime, RuntimeCheck
+from charlm.decoding.steps import GraphRuntime, RuntimeCheck
 from charlm.errors import UsageError, shell_path
 from charlm.evaluation.loss import EvalResult
 from charlm.evaluation.loss import surprisal as text_surprisal
@@ -63,6 +64,8 @@ class Loaded(Protocol):
 
     def pair_scorer(self, beam: int) -> Any: ...
 
+    def rewriter(self, ensemble: Sequence[Loaded] = ()) -> Any: ...
+
 
 class Batches(Protocol):
     """A family's training batches: next_batch() gives (inputs, targets); last_tokens counts the targets scored."""
@@ -100,7 +103,6 @@ class Family(abc.ABC):
     rewrites_sources = False  # `charlm sample` and `eval` take source strings and give targets (pairs)
     makes_items = False  # `charlm sample` makes whole items, each ended by the end symbol (data.format lines)
     scored_by = ""  # how this family is scored when charlm.Model.evaluate (a text's loss) is asked of it
-    attention_parts: tuple[str, ...] = ("self",)  # what `charlm attention --part` can show
 
     # -- training -----------------------------------------------------------------------------
 

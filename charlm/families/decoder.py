@@ -12,7 +12,7 @@ from torch import nn
 from charlm.config.schema import Config, ModelConfig
 from charlm.data.corpus import Corpus, RandomWindows, encode_compact, for_file, same_path, split_file
 from charlm.data.tokenizer import UnknownPolicy
-from charlm.decoding.stepped import GraphRuntime, RuntimeCheck
+from charlm.decoding.steps import GraphRuntime, RuntimeCheck
 from charlm.errors import UsageError, shell_path
 from charlm.evaluation.loss import EvalResult, full_pass, windows_total
 from charlm.families.base import (

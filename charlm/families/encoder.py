@@ -15,7 +15,7 @@ from charlm.data.corpus import Corpus, for_file, same_path, split_file
 from charlm.data.masking import MaskedWindows
 from charlm.decoding.fill import fill
 from charlm.decoding.options import MAX_FILL_CANDIDATES
-from charlm.decoding.stepped import GraphRuntime, RuntimeCheck
+from charlm.decoding.steps import GraphRuntime, RuntimeCheck
 from charlm.errors import UsageError, shell_path
 from charlm.evaluation.loss import EvalResult
 from charlm.evaluation.masked import MaskedResult, all_windows, masked_score

@@ -12,7 +12,7 @@ from torch import nn
 
 from charlm.config.schema import Config, ModelConfig
 from charlm.data.corpus import for_file, same_path, split_file
-from charlm.data.pairs import Pair, PairBatches, PairCorpus, pairs_total
+from charlm.data.pairs import Pair, PairBatches, PairCorpus
 from charlm.data.tokenizer import (
     BOS,
     SPECIAL_CHARS,
@@ -22,10 +22,11 @@ from charlm.data.tokenizer import (
     refuse_special_replacement,
 )
 from charlm.decoding.options import DecodeOptions, field_name
-from charlm.decoding.stepped import GraphRuntime, RuntimeCheck
-from charlm.decoding.transduce import Models, TransductionResult, score_pairs, transduce
+from charlm.decoding.steps import GraphRuntime, Models, RuntimeCheck, members
+from charlm.decoding.transduce import transduce
 from charlm.errors import UsageError, shell_path
 from charlm.evaluation.loss import EvalResult
+from charlm.evaluation.transduction import TransductionResult, pairs_total, score_pairs
 from charlm.families.base import (
     AnyCorpus,
     Family,
@@ -49,7 +50,6 @@ class EncoderDecoderFamily(Family):
     module_type = EncoderDecoder
     rewrites_sources = True
     scored_by = "an encoder-decoder is scored on pairs: use evaluate_pairs() (charlm eval does)"
-    attention_parts = ("encoder", "decoder", "cross")
 
     def batches(self, config: Config, corpus: AnyCorpus, device: torch.device, seed: int) -> PairBatches:
         unknown_id = getattr(corpus.tokenizer, "stoi", {}).get(UNKNOWN_CHAR)  # pairs are read as characters
@@ -105,27 +105,29 @@ class EncoderDecoderFamily(Family):
         return transducer_card(loaded, steps, scores, examples, folder, files)
 
 
+Rewrite = Callable[[list[list[int]], DecodeOptions], list[list[int]]]  # sources' ids, options -> targets' ids
+
+
 def transduce_sources(
     loaded: Loaded,
     sources: list[str],
-    beam: int = 1,
-    temperature: float = 0.0,
-    top_k: int | None = None,
-    top_p: float = 1.0,
-    seed: int | None = None,
+    options: DecodeOptions | None = None,
     unknown: UnknownPolicy = "error",
     replace_with: str | None = None,
     ensemble: Sequence[Loaded] = (),
 ) -> list[str]:
-    """charlm.Model.transduce: each source's target, greedy by default, `beam` > 1 for beam search; with `ensemble`,
-    decoded by this model and those together."""
-    module = ensemble_models(loaded, ensemble)
+    """charlm.Model.rewrite: each source's target as `options` say (default greedy, up to the context), decoded by
+    the model's own runtime; with `ensemble`, by this model and those together."""
+    rewrite: Rewrite = loaded.rewriter(ensemble)  # first: it refuses what its runtime cannot do
     ids = [encode_source(loaded, s, unknown, replace_with) for s in sources]
-    room = loaded.config.model.block_size
-    options = DecodeOptions(
-        beam=beam, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, max_new_tokens=room
-    )
-    return [loaded.tokenizer.decode(t) for t in transduce(module, ids, options.checked(field_name))]
+    options = options or DecodeOptions(temperature=0.0, max_new_tokens=loaded.config.model.block_size)
+    return [loaded.tokenizer.decode(t) for t in rewrite(ids, options.checked(field_name))]
+
+
+def torch_rewriter(loaded: Loaded, ensemble: Sequence[Loaded] = ()) -> Rewrite:
+    """How a torch model rewrites sources (with `ensemble`, together with those models)."""
+    models = ensemble_models(loaded, ensemble)
+    return lambda ids, options: transduce(models, ids, options)
 
 
 def ensemble_models(loaded: Loaded, ensemble: Sequence[Loaded] = ()) -> Models:
@@ -209,7 +211,7 @@ def evaluate_pairs(
     default: replaced by the unknown symbol where the model learned one, data.unknown_dropout, else refused).
     The chosen pairs are scored by the model's pair_scorer (the torch model's own score_pairs unless it gives one);
     with `ensemble`, by this model and those together (their mean log-probabilities)."""
-    scorer: PairScorer | None = loaded.pair_scorer(beam)  # first: it refuses what its runtime cannot do
+    scorer: PairScorer | None = loaded.pair_scorer(beam)
     models = ensemble_models(loaded, ensemble) if scorer is None or ensemble else None  # refused on onnxruntime
     own = loaded.config.data.path
     given = str(path) if path is not None else own
@@ -228,7 +230,8 @@ def evaluate_pairs(
     options = DecodeOptions(beam=beam, batch_size=batch_size, temperature=0.0, max_new_tokens=room).checked(field_name)
     if models is not None:
         with loaded.scoring_kernels():
-            result = score_pairs(models, loaded.tokenizer.decode, scored, options, batch_size)
+            rewrite = lambda sources: transduce(models, sources, options)  # noqa: E731
+            result = score_pairs(members(models), loaded.tokenizer.decode, scored, rewrite, beam, batch_size)
     else:  # an ONNX export's own scorer
         result = cast(PairScorer, scorer)(scored, options, batch_size)
     result.split, result.file = split, split_file(data, split)

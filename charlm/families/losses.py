@@ -10,7 +10,8 @@ from torch import nn
 
 from charlm.config.schema import Config
 from charlm.data.corpus import Corpus, fixed_windows
-from charlm.data.pairs import PairCorpus, pairs_total
+from charlm.data.pairs import PairCorpus
+from charlm.evaluation.transduction import pairs_total
 from charlm.hardware.distributed import Dist
 
 # (model, ids, window starts, device, autocast dtype) -> (summed loss, tokens scored)

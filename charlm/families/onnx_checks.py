@@ -10,10 +10,10 @@ import torch
 
 from charlm.config.schema import ModelConfig
 from charlm.data.tokenizer import BOS, SPECIAL_CHARS
-from charlm.decoding.generate import generate_ids, sample
+from charlm.decoding.generate import ContextWindow, decode_text, generate_ids, sample, sample_graph
 from charlm.decoding.options import DecodeOptions
-from charlm.decoding.stepped import GraphRuntime, RuntimeCheck, sample_stepped, stepped_ids, transduce_stepped
-from charlm.decoding.transduce import transduce
+from charlm.decoding.steps import GraphRuntime, GraphTextSteps, RuntimeCheck
+from charlm.decoding.transduce import transduce, transduce_graphs
 from charlm.families.base import Loaded
 from charlm.models.decoder import GPT
 from charlm.models.encoder import EncoderOnly
@@ -35,7 +35,7 @@ def decoder_check(loaded: Loaded, module: GPT, runtime: GraphRuntime) -> Runtime
     options = DecodeOptions(max_new_tokens=GREEDY_CHARS, temperature=0.0, seed=CHECK_SEED)
     prompt = tokenizer.encode("\n", "skip") or [0]
     ours = sample(module, tokenizer, prompt, options).samples[0]
-    theirs = sample_stepped(runtime.step, config, tokenizer, prompt, options).samples[0]
+    theirs = sample_graph(runtime.step, config, tokenizer, prompt, options).samples[0]
     greedy_ids = torch.tensor(prompt + tokenizer.encode(ours[len(tokenizer.decode(prompt)) :], "skip"))
     random_ids = _random_ids(0, tokenizer.vocab_size, 2 * config.block_size + 5, 1)
     (diff_a, steps_a), (diff_b, steps_b) = (
@@ -58,7 +58,10 @@ def _teacher_diff(
     cut = max(1, len(text) // 3)
     prompt, new, rows_text = text[:cut].tolist(), len(text) - cut, text[None].expand(rows, -1)
     ours = _teacher(lambda choose: generate_ids(module, prompt, new, rows, choose), rows_text, cut)
-    theirs = _teacher(lambda choose: stepped_ids(runtime.step, config, prompt, new, rows, choose), rows_text, cut)
+    graph_steps = GraphTextSteps(runtime.step)
+    theirs = _teacher(
+        lambda choose: decode_text(graph_steps, ContextWindow(config), prompt, new, rows, choose), rows_text, cut
+    )
     return float((ours - theirs).abs().max()), new
 
 
@@ -103,7 +106,7 @@ def encoder_decoder_check(loaded: Loaded, module: EncoderDecoder, runtime: Graph
     diff = max(float((ours - whole).abs().max()), float((ours - torch.cat(stepped, 1)).abs().max()))
     options = DecodeOptions(temperature=0.0, max_new_tokens=block, seed=CHECK_SEED)
     greedy = transduce(module, sources, options)
-    through = transduce_stepped(runtime.encode, runtime.target_step, sources, options, block - 1)
+    through = transduce_graphs(runtime, sources, options, block)
     pairs = enumerate(zip(greedy, through, strict=True))
     differs = next((f"source {i}: {a} in charlm's, {b} through the export" for i, (a, b) in pairs if a != b), "")
     return RuntimeCheck(

@@ -25,7 +25,7 @@ import torch
 from charlm.data.tokenizer import StreamDecoder, Tokenizer
 from charlm.decoding.generate import ContextWindow
 from charlm.decoding.options import DecodeOptions
-from charlm.decoding.sampling import sample_rows
+from charlm.decoding.sampling import sample_rows, seeded_generator
 from charlm.decoding.stops import StopStrings
 from charlm.errors import UsageError
 from charlm.models.decoder import GPT
@@ -158,8 +158,7 @@ class Engine:
         c.tokens = list(c.prompt_ids)
         c.decoder = self.tokenizer.stream_decoder()
         c.stops = StopStrings(c.options.stop)
-        c.generator = torch.Generator()  # the CPU's on every device (decoding.sampling)
-        c.generator.manual_seed(c.options.seed if c.options.seed is not None else torch.seed())
+        c.generator = seeded_generator(c.options.seed)
         row = len(self.rows)
         self.rows.append(c)
         self.cache.active = len(self.rows)
@@ -246,8 +245,7 @@ class Engine:
     def _finish(self, row: int, reason: str) -> None:
         c = self.rows[row]
         if reason in ("length", "end") and c.decoder is not None:  # what was held back was not a stop string
-            passed = c.stops.feed(c.decoder.flush())
-            self._emit_text(c, passed if c.stops.stopped else passed + c.stops.flush(), c.held)
+            self._emit_text(c, c.stops.finish(c.decoder.flush()), c.held)
         c.held = []
         c.emit("done", "stop" if reason == "end" else reason)  # the end symbol: the item is whole, as OpenAI's stop
         self._release(row)

@@ -147,6 +147,28 @@ def parse_completion(
     out takes `defaults`' value, and max_tokens without one the server's limit)."""
     if not isinstance(body, dict):
         raise BadRequest(400, "the request body must be a JSON object")
+    # the groups in the order a request is checked: its first fault is the one named
+    check_field_names(body)
+    model = model_field(body)
+    prompts = prompts_field(body, limits, default_prompt)
+    max_tokens, n = amount_fields(body, limits, defaults, len(prompts))
+    stops = stop_field(body, defaults)
+    stream, include_usage = stream_fields(body)
+    decoding = decoding_fields(body, defaults, max_tokens, stops, n)
+    return CompletionRequest(
+        model=model,
+        prompts=prompts,
+        options=decoding,
+        n=n,
+        stream=stream,
+        logprobs=_number(body, "logprobs", None, 0, 5, whole=True),
+        include_usage=include_usage,
+    )
+
+
+def check_field_names(body: dict) -> None:
+    """Refuse a field OpenAI's completions API does not have, one it has that charlm does not implement set to
+    anything but its neutral value, and a `user` that is not a string."""
     unknown = sorted(set(body) - KNOWN)
     if unknown:
         raise BadRequest(400, f"unknown field {unknown[0]!r}; the fields are OpenAI's completions fields and top_k")
@@ -159,7 +181,10 @@ def parse_completion(
             raise BadRequest(400, f"{name} is not supported by charlm serve (leave it out or at {shown})", name)
     if body.get("user") is not None and not isinstance(body["user"], str):  # OpenAI's end-user id: kept nowhere here
         raise BadRequest(400, f"user must be a string, got {json.dumps(body['user'])}", "user")
-    model = model_field(body)
+
+
+def prompts_field(body: dict, limits: Limits, default_prompt: str) -> list[str]:
+    """A body's `prompt` as a list of prompts, each within --max-prompt."""
     prompt = body.get("prompt", default_prompt)
     prompts = [prompt] if isinstance(prompt, str) else prompt
     if not isinstance(prompts, list) or not prompts or not all(isinstance(p, str) for p in prompts):
@@ -174,20 +199,36 @@ def parse_completion(
                 "prompt",
                 "prompt_too_long",
             )
+    return prompts
+
+
+def amount_fields(body: dict, limits: Limits, defaults: SamplingDefaults, prompt_count: int) -> tuple[int, int]:
+    """How much a body asks for: `max_tokens` per completion and `n` completions per prompt, within the server's
+    --max-tokens and --max-n."""
     default_tokens = limits.max_tokens if defaults.max_tokens is None else defaults.max_tokens
     max_tokens = _number(body, "max_tokens", default_tokens, 1, limits.max_tokens, whole=True)
     n = _number(body, "n", 1, 1, limits.max_n, whole=True)
-    if n * len(prompts) > limits.max_n:
+    if n * prompt_count > limits.max_n:
         raise BadRequest(
             400,
-            f"{len(prompts)} prompts x n={n} is {n * len(prompts)} completions; the limit is "
+            f"{prompt_count} prompts x n={n} is {n * prompt_count} completions; the limit is "
             f"{limits.max_n} per request (--max-n)",
             "n",
         )
+    return max_tokens, n
+
+
+def stop_field(body: dict, defaults: SamplingDefaults) -> list[str]:
+    """A body's stop strings: one, a list of up to 4, or the defaults' when it leaves `stop` out."""
     stop = body.get("stop")
     stops = list(defaults.stop) if stop is None else [stop] if isinstance(stop, str) else stop
     if not isinstance(stops, list) or len(stops) > 4 or not all(isinstance(s, str) and s for s in stops):
         raise BadRequest(400, "stop must be a non-empty string or a list of at most 4 of them", "stop")
+    return stops
+
+
+def stream_fields(body: dict) -> tuple[bool, bool]:
+    """Whether a body asks for a stream, and whether for the usage chunk at its end (`stream_options`)."""
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise BadRequest(400, f"stream must be true or false, got {stream!r}", "stream")
@@ -197,6 +238,12 @@ def parse_completion(
     if not known or not all(isinstance(options.get(k, False), bool) for k in ("include_usage", "include_obfuscation")):
         shape = '{"include_usage": true|false} (include_obfuscation is taken and changes nothing)'
         raise BadRequest(400, f"stream_options must be {shape}, got {json.dumps(options)}", "stream_options")
+    return stream, bool(options.get("include_usage", False))
+
+
+def decoding_fields(body: dict, defaults: SamplingDefaults, max_tokens: int, stops: list[str], n: int) -> DecodeOptions:
+    """Each choice's decoding options: a body's temperature, top_k, top_p and seed (the defaults' where it leaves
+    them out) with the amount and stop strings already read, held to the rules every way of decoding follows."""
     decoding = DecodeOptions(
         max_new_tokens=max_tokens,
         temperature=_number(body, "temperature", defaults.temperature, -math.inf, math.inf, whole=False),
@@ -216,15 +263,7 @@ def parse_completion(
             f"{decoding.seed} with n={n} passes it; lower the seed",
             "seed",
         )
-    return CompletionRequest(
-        model=model,
-        prompts=prompts,
-        options=decoding,
-        n=n,
-        stream=stream,
-        logprobs=_number(body, "logprobs", None, 0, 5, whole=True),
-        include_usage=bool(options.get("include_usage", False)),
-    )
+    return decoding
 
 
 def model_field(body: dict) -> str | None:

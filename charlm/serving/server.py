@@ -54,59 +54,81 @@ class Mailbox:
 PAGE_FILES = {"index.html": "text/html", "playground.js": "text/javascript", "playground.css": "text/css"}
 
 
+ENDPOINTS = "/v1/completions, /v1/models, /v1/score, /v1/attention, /health and /"
+
+
 def create_app(model: Model, served: Served | None = None) -> FastAPI:
     """The ASGI app serving `model`; its engine thread starts with the app and stops with it."""
     served = served or Served()
-    limits, model_name, api_key = served.limits, served.model_name, served.api_key
-    unknown, replace_with = served.unknown, served.replace_with
-    state: dict[str, Any] = {}
-    frame = model.family.item_frame(model)  # a lines model: each completion is a whole item, from its start symbol
-    created = int(model.path.stat().st_mtime) if model.path.exists() else int(time.time())
-    defaults = sampling_defaults(model, served)
+    server = DecoderServer(model, served)
+    app = new_app(server.lifespan, served.api_key, ENDPOINTS)
+    app.get("/health")(server.health)
+    app.get("/v1/models")(server.models)
+    app.post("/v1/completions")(server.completions)
+    app.post("/v1/score")(server.score)
+    app.post("/v1/attention")(server.attention)
+    app.get("/")(page)
+    app.get("/playground/{name}")(page_asset)
+    return app
+
+
+class DecoderServer:
+    """A decoder's endpoints: the model, the server's settings, and, while the app runs, the engine thread that
+    decodes every running completion and the mailbox that hands its events to the event loop."""
+
+    engine: Engine  # both set when the app starts (lifespan), which FastAPI does before any request
+    mailbox: Mailbox
+
+    def __init__(self, model: Model, served: Served):
+        self.model, self.limits, self.model_name = model, served.limits, served.model_name
+        self.unknown, self.replace_with = served.unknown, served.replace_with
+        # a lines model: each completion is a whole item, from its start symbol
+        self.frame = model.family.item_frame(model)
+        self.created = int(model.path.stat().st_mtime) if model.path.exists() else int(time.time())
+        self.defaults = sampling_defaults(model, served)
 
     @asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        state["engine"] = Engine(model.decoder, model.tokenizer, limits.max_batch, limits.max_queue)
-        state["mailbox"] = Mailbox(asyncio.get_running_loop())
+    async def lifespan(self, app: FastAPI) -> AsyncIterator[None]:
+        model, limits = self.model, self.limits
+        self.engine = Engine(model.decoder, model.tokenizer, limits.max_batch, limits.max_queue)
+        self.mailbox = Mailbox(asyncio.get_running_loop())
         try:
             yield
         finally:
-            state["engine"].stop()
+            self.engine.stop()
 
-    app = new_app(lifespan, api_key, "/v1/completions, /v1/models, /v1/score, /v1/attention, /health and /")
+    # -- what every endpoint shares ----------------------------------------------------------------
 
-    async def read_json(request: Request) -> Any:
-        return await read_body(request, limits)
+    async def read_json(self, request: Request) -> Any:
+        return await read_body(request, self.limits)
 
-    def encode(text: str, param: str) -> list[int]:
+    def encode(self, text: str, param: str) -> list[int]:
         try:
-            return model.encode_prompt(text, unknown, replace_with)
+            return self.model.encode_prompt(text, self.unknown, self.replace_with)
         except UsageError as e:
-            code = "unknown_character" if model.tokenizer.unknown_chars(text) else "invalid_prompt"  # an empty one
+            code = "unknown_character" if self.model.tokenizer.unknown_chars(text) else "invalid_prompt"  # an empty one
             raise BadRequest(400, str(e), param, code) from None
 
-    def check_model(name: Any) -> None:
-        served_name(name, model_name)
+    def check_model(self, name: Any) -> None:
+        served_name(name, self.model_name)
 
-    async def on_engine(fn: Any) -> Any:
+    async def on_engine(self, fn: Any) -> Any:
         try:
-            return await asyncio.wrap_future(state["engine"].call(fn))
+            return await asyncio.wrap_future(self.engine.call(fn))
         except UsageError as e:
             raise BadRequest(400, str(e)) from None
 
-    # -- endpoints -------------------------------------------------------------------------------
+    # -- endpoints ---------------------------------------------------------------------------------
 
-    @app.get("/health")
-    async def health() -> dict[str, Any]:
-        return {"status": "ok", "model": model_name, **state["engine"].load()}
+    async def health(self) -> dict[str, Any]:
+        return {"status": "ok", "model": self.model_name, **self.engine.load()}
 
-    @app.get("/v1/models")
-    async def models() -> dict[str, Any]:
-        m = model.config.model
+    async def models(self) -> dict[str, Any]:
+        model, m = self.model, self.model.config.model
         card = {
-            "id": model_name,
+            "id": self.model_name,
             "object": "model",
-            "created": created,
+            "created": self.created,
             "owned_by": "charlm",
             "context": m.block_size,
             "vocab_size": model.tokenizer.vocab_size,
@@ -114,18 +136,37 @@ def create_app(model: Model, served: Served | None = None) -> FastAPI:
             "layers": m.n_layer,
             "width": m.n_embd,
             "parameters": model.module.num_params(),
-            "items": frame is not None,
-            "generation_defaults": defaults.source,
-            "sampling_defaults": defaults.fields(),
+            "items": self.frame is not None,
+            "generation_defaults": self.defaults.source,
+            "sampling_defaults": self.defaults.fields(),
         }
         return {"object": "list", "data": [card]}
 
-    @app.post("/v1/completions")
-    async def completions(request: Request) -> Response:
-        req = parse_completion(await read_json(request), limits, "" if frame else "\n", defaults)
-        check_model(req.model)
-        prompt_ids = [encode(p, "prompt") for p in req.prompts]
-        mailbox, events = state["mailbox"], asyncio.Queue()  # type: ignore[var-annotated]
+    async def completions(self, request: Request) -> Response:
+        body = await self.read_json(request)
+        req = parse_completion(body, self.limits, "" if self.frame else "\n", self.defaults)
+        self.check_model(req.model)
+        prompt_ids = [self.encode(p, "prompt") for p in req.prompts]
+        events: asyncio.Queue = asyncio.Queue()
+        jobs = self.completion_jobs(req, prompt_ids, events)
+        try:
+            self.engine.submit(jobs)
+        except QueueFull as e:
+            raise BadRequest(429, str(e), code="queue_full") from None
+        reply = Reply(req, jobs, prompt_ids, self.model_name, [len(p) for p in req.prompts])
+        if req.stream:
+            return StreamingResponse(reply.stream(events), media_type="text/event-stream")
+        try:
+            return JSONResponse(await reply.whole(events, request))
+        finally:
+            reply.cancel()
+
+    def completion_jobs(
+        self, req: CompletionRequest, prompt_ids: list[list[int]], events: asyncio.Queue
+    ) -> list[Completion]:
+        """The engine's jobs for a request: n per prompt, choice j seeded with seed + j, each posting its events as
+        (choice index, kind, value) to `events`; a lines model's each framed as a whole item."""
+        mailbox, frame = self.mailbox, self.frame
 
         def emitter(index: int) -> Any:
             return lambda kind, value: mailbox.post(events, (index, kind, value))
@@ -137,34 +178,22 @@ def create_app(model: Model, served: Served | None = None) -> FastAPI:
             return Completion(frame.prompt(ids), capped, req.logprobs, emitter(index), frame.end, frame.never)
 
         seeds = [None if req.options.seed is None else req.options.seed + j for j in range(req.n)]
-        jobs = [
+        return [
             job(ids, req.options.with_(seed=seeds[j]), i * req.n + j)
             for i, ids in enumerate(prompt_ids)
             for j in range(req.n)
         ]
-        try:
-            state["engine"].submit(jobs)
-        except QueueFull as e:
-            raise BadRequest(429, str(e), code="queue_full") from None
-        reply = Reply(req, jobs, prompt_ids, model_name, [len(p) for p in req.prompts])
-        if req.stream:
-            return StreamingResponse(reply.stream(events), media_type="text/event-stream")
-        try:
-            return JSONResponse(await reply.whole(events, request))
-        finally:
-            reply.cancel()
 
-    @app.post("/v1/score")
-    async def score(request: Request) -> dict[str, Any]:
-        body = await read_json(request)
-        text = parse_text(body, limits)  # a malformed body, `model` included, is a 400 before a model name's 404
-        check_model(body.get("model"))
-        ids = encode(text, "text")
-        tokens, each = await on_engine(lambda: model.family.surprisal(model, ids))  # a lines model: the item whole
+    async def score(self, request: Request) -> dict[str, Any]:
+        model, body = self.model, await self.read_json(request)
+        text = parse_text(body, self.limits)  # a malformed body, `model` included, is a 400 before a model name's 404
+        self.check_model(body.get("model"))
+        ids = self.encode(text, "text")
+        tokens, each = await self.on_engine(lambda: model.family.surprisal(model, ids))  # a lines model: the item whole
         nats = [x for x in each if x is not None]
         mean = sum(nats) / len(nats)
         return {
-            "model": model_name,
+            "model": self.model_name,
             "unit": model.tokenizer.unit,
             "tokens": tokens,
             "surprisal_bits": [None if x is None else round(x / math.log(2), 4) for x in each],
@@ -173,16 +202,15 @@ def create_app(model: Model, served: Served | None = None) -> FastAPI:
             "scored": len(nats),
         }
 
-    @app.post("/v1/attention")
-    async def attention(request: Request) -> dict[str, Any]:
-        body = await read_json(request)
-        prompt = parse_text(body, limits, field="prompt")
-        check_model(body.get("model"))
-        ids = encode(prompt, "prompt")
+    async def attention(self, request: Request) -> dict[str, Any]:
+        model, body = self.model, await self.read_json(request)
+        prompt = parse_text(body, self.limits, field="prompt")
+        self.check_model(body.get("model"))
+        ids = self.encode(prompt, "prompt")
         # the text the model reads, --replace-with's characters in place (or --unknown skip's gone): Model.attention
         # encodes it again, and must get these ids, not its own default replacement's
         read = model.tokenizer.decode(ids)
-        weights = await on_engine(lambda: model.attention(read, unknown))
+        weights = await self.on_engine(lambda: model.attention(read, self.unknown))
         chars = [model.tokenizer.decode([i]) for i in ids]
         return {
             "chars": chars,
@@ -191,15 +219,13 @@ def create_app(model: Model, served: Served | None = None) -> FastAPI:
             "weights": weights.tolist(),
         }
 
-    @app.get("/")
-    async def page() -> Response:
-        return page_file("index.html")
 
-    @app.get("/playground/{name}")
-    async def page_asset(name: str) -> Response:
-        return page_file(name)
+async def page() -> Response:
+    return page_file("index.html")
 
-    return app
+
+async def page_asset(name: str) -> Response:
+    return page_file(name)
 
 
 def page_file(name: str) -> Response:

@@ -20,7 +20,7 @@ import torch
 
 from charlm.config.schema import Config, config_from_dict
 from charlm.data.tokenizer import Tokenizer, tokenizer_from_json
-from charlm.decoding.stepped import RuntimeCheck
+from charlm.decoding.steps import RuntimeCheck
 from charlm.errors import UsageError, WorkError
 from charlm.families.base import Family, Loaded
 from charlm.models.decoder import decoder_reach, relative_positions

@@ -15,31 +15,20 @@ from typing import Any
 from charlm.config import schema as cfg
 from charlm.config.checks import config_problems
 from charlm.config.schema import Config
-from charlm.data.corpus import Corpus, same_content
 from charlm.data.download import ensure_builtin_corpus
-from charlm.data.lines import LineCorpus
-from charlm.data.pairs import PairCorpus
-from charlm.data.prepare import data_bytes
 from charlm.errors import UsageError
-from charlm.families.registry import build_model
-from charlm.hardware.device import configure_backends, out_of_memory, pick_device, precision_words, seed_everything
+from charlm.hardware.device import configure_backends, pick_device, seed_everything
 from charlm.hardware.distributed import Dist, setup, teardown
-from charlm.models.linear import linear_words
 from charlm.progress import TrainReporter
 from charlm.storage.checkpoint import RUNS_DIR, Checkpoint, load_checkpoint
 from charlm.storage.run_folder import RunFolder, check_out_dir, make_out_dir
 from charlm.storage.run_state import TrainSummary
 from charlm.training.budget import BudgetRequest, default_budget, plan_budget
-from charlm.training.finetune import (
-    SOURCE_KEYS,
-    finetune_config,
-    finetune_tokenizer,
-    init_model,
-    load_source,
-)
+from charlm.training.finetune import SOURCE_KEYS, finetune_config, load_source
 from charlm.training.loop import Trainer
 from charlm.training.metrics import require_loggers
 from charlm.training.probe import given_speed
+from charlm.training.run_parts import describe_setup, run_corpus, run_model, start_from_checkpoint
 from charlm.training.setup import StopRequest, seed_for_rank, training_dtype
 
 # Keys that may change when resuming: limits, schedule knobs, logging and the sampling defaults. Anything else would
@@ -316,84 +305,17 @@ def _build(
     device = pick_device(device_name)
     training_dtype(config, device)  # refuses an impossible dtype before anything is loaded
     require_loggers(config)
-    # Every rank asks for the prepared corpus; a lock lets the first prepare it while the others wait, then map it.
-    corpus: Corpus | PairCorpus | LineCorpus
-    if config.data.format == "pairs":
-        hint = "a resumed run trains on lines made of its own characters"
-        tokenizer = ckpt.tokenizer if ckpt is not None else None
-        corpus = PairCorpus.from_config(config.data, config.model.block_size, tokenizer, reporter.info, hint)
-    elif config.data.format == "lines":
-        hint = "a resumed run trains on items made of its own characters"
-        tokenizer = ckpt.tokenizer if ckpt is not None else None
-        corpus = LineCorpus.from_config(config.data, config.model.block_size, tokenizer, reporter.info, hint)
-    elif ckpt is not None:
-        corpus = Corpus.from_config(
-            config.data,
-            ckpt.tokenizer,
-            say=reporter.info,
-            hint="a resumed run trains on text made of its own characters",
-        )
-    elif source is not None:
-        tokenizer = finetune_tokenizer(source, config.data.path, extend_vocab, reporter.info)
-        corpus = Corpus.from_config(
-            config.data,
-            tokenizer,
-            say=reporter.info,
-            hint=f"the model of {source.path} has never seen them; add --extend-vocab to give them new embedding rows",
-        )
-    else:
-        corpus = Corpus.from_config(config.data, say=reporter.info)
-    corpus.check_windows(config.model.block_size, config.data.path)
-    for split, given in (("validation", config.data.val_path), ("test", config.data.test_path)):
-        if given and same_content(given, config.data.path):
-            reporter.warn(
-                f"the {split} file {given} is the training file itself: its figures will measure what the model "
-                "memorised, not how it does on text it never saw"
-            )
+    corpus = run_corpus(config, ckpt, source, extend_vocab, reporter)
     dist.barrier()  # every rank has checked the run folder before rank 0 writes to it
     if dist.is_main:
         make_out_dir(out_dir)
 
     configure_backends(device)
     seed_everything(config.train.seed)  # identical initial weights on every rank
-    try:
-        if ckpt is not None:
-            model = ckpt.build_model(device)
-        elif source is not None:
-            model = init_model(source, config, corpus.tokenizer.vocab_size, device)
-            reporter.info(f"starting from the weights of {source.path} (fresh optimizer and schedule)")
-        else:
-            model = build_model(config.model, corpus.tokenizer.vocab_size).to(device)
-    except RuntimeError as e:
-        if not out_of_memory(e):
-            raise
-        m = config.model
-        raise UsageError(
-            f"not enough memory on {device} for a model of {m.n_layer} layers x {m.n_embd} wide: choose a smaller "
-            "model.n_layer or model.n_embd"
-        ) from None
+    model = run_model(config, ckpt, source, corpus.tokenizer.vocab_size, device, reporter)
     seed_everything(seed_for_rank(config.train.seed, dist.rank))  # then each rank its own dropout stream
     folder = RunFolder(out_dir, config, corpus.tokenizer, writes=dist.is_main, replaced=replaced, notes=notes)
     trainer = Trainer(config, model, corpus, device, folder, reporter, stop, dist, started)
-    size = data_bytes(config.data.path)
-    if ckpt:
-        trainer.resume(*ckpt.resume_state(), ckpt.path)
-        reporter.info(f"resuming {out_dir / 'last.pt'} at step {trainer.state.step}")
-        if trainer.state.data_bytes and trainer.state.data_bytes != size:  # same characters, or it was refused above
-            reporter.warn(
-                f"{config.data.path} has changed since this run last started ({trainer.state.data_bytes:,} bytes, "
-                f"now {size:,}): training goes on with it as it is now, and its validation figures are not comparable "
-                "with the earlier ones"
-            )
-    trainer.state.data_bytes = size
-    reporter.info(trainer.schedule.describe())
-    reporter.info(f"precision: {precision_words(trainer.amp_dtype, config.train.dtype, device)}")
-    if device.type == "cpu" and trainer.amp_dtype is None:  # under autocast the precision line says it all
-        compiled = trainer.forward is not trainer.uncompiled
-        reporter.info(f"linear layers: {linear_words(trainer.onednn, config.train.cpu_linear, compiled)}")
-    if dist.active:
-        reporter.info(
-            f"DDP: {dist.world_size} processes ({dist.backend}), global batch {trainer.state.global_batch} windows "
-            f"({config.train.batch_size} per rank x {config.train.grad_accum} accumulation)"
-        )
+    start_from_checkpoint(trainer, ckpt, config, out_dir, reporter)
+    describe_setup(trainer, config, device, dist, reporter)
     return trainer
