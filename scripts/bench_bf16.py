@@ -27,7 +27,7 @@ from benchlib import append_section
 
 from charlm.config.schema import load_config
 from charlm.hardware.device import cpu_bf16_pays, cpu_bf16_units
-from charlm.models.decoder import GPT
+from charlm.models.decoder import Decoder
 from charlm.models.linear import onednn_linears, use_onednn
 
 ONEDNN = use_onednn(torch.device("cpu"), "auto")  # float32's kernels, as `charlm train` picks them here
@@ -39,7 +39,7 @@ def step_seconds(width: int, batch: int, context: int, bf16: bool, steps: int) -
     sets = [f"model.n_embd={width}", f"model.n_head={max(1, width // 32)}", f"model.block_size={context}"]
     config = load_config("cpu", [*sets, "model.dropout=0.0"])
     torch.manual_seed(0)
-    model = GPT(config.model, 65)
+    model = Decoder(config.model, 65)
     x, y = torch.randint(0, 65, (batch, context)), torch.randint(0, 65, (batch, context))
     times = []
     for _ in range(steps + 2):

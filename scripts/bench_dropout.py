@@ -25,7 +25,7 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from charlm.config.schema import Config, load_config
-from charlm.models.decoder import GPT
+from charlm.models.decoder import Decoder
 from charlm.models.layers import Dropout
 from charlm.training.budget import plan_budget
 
@@ -40,10 +40,10 @@ def rule_config(budget: str) -> Config:
     return plan_budget(budget, None, [], {}).config(say=lambda line: None)  # what `charlm train --budget` resolves
 
 
-def model(config: Config, torch_dropout: bool) -> GPT:
+def model(config: Config, torch_dropout: bool) -> Decoder:
     """The rule's model, seeded; with `torch_dropout` every charlm Dropout replaced by torch's of the same p."""
     torch.manual_seed(0)
-    gpt = GPT(config.model, 65).train()
+    gpt = Decoder(config.model, 65).train()
     for module in list(gpt.modules()) if torch_dropout else []:
         for name, child in module.named_children():
             if isinstance(child, Dropout):

@@ -45,7 +45,10 @@ try:  # packages by role
     from charlm.config.schema import load_config
     from charlm.data.tokenizer import CharTokenizer
     from charlm.decoding.generate import sample
-    from charlm.models.decoder import GPT
+    try:
+        from charlm.models.decoder import Decoder as GPT
+    except ImportError:  # a tree from before the class took its family's name
+        from charlm.models.decoder import GPT
     from charlm import load
     from charlm.models.quantize import for_decoding
     try:

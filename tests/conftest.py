@@ -284,7 +284,7 @@ LONGEST_FIRST = [
     "test_onnx.py",
     "test_ddp.py",
     "test_encdec.py",
-    "test_stops.py",
+    "test_signals.py",
     "test_web_export.py",
     "test_usability.py",
     "test_python_api.py",

@@ -10,7 +10,7 @@ from conftest import assert_one_line_error, run_cli, train_cli
 from charlm.config.schema import Config, ModelConfig
 from charlm.decoding.generate import generate_ids
 from charlm.families.registry import model_info
-from charlm.models.decoder import GPT
+from charlm.models.decoder import Decoder
 from charlm.models.layers import Rotary, alibi_slopes, sinusoidal_table
 from charlm.storage.checkpoint import load_checkpoint, save_checkpoint
 
@@ -31,9 +31,9 @@ VARIANTS = {
 }
 
 
-def build(seed=0, **overrides) -> GPT:
+def build(seed=0, **overrides) -> Decoder:
     torch.manual_seed(seed)
-    return GPT(ModelConfig(**{**BASE, **overrides}), V)
+    return Decoder(ModelConfig(**{**BASE, **overrides}), V)
 
 
 @pytest.mark.parametrize("name", VARIANTS)
@@ -69,7 +69,7 @@ def test_each_variant_loss_decreases_over_a_few_steps(name):
 @pytest.mark.parametrize("name", VARIANTS)
 def test_info_total_equals_the_counted_parameters(name):
     config = ModelConfig(**{**BASE, **VARIANTS[name]})
-    assert model_info(config, V).total_params == sum(p.numel() for p in GPT(config, V).parameters())
+    assert model_info(config, V).total_params == sum(p.numel() for p in Decoder(config, V).parameters())
 
 
 def greedy(model, prompt, n, use_cache):

@@ -10,18 +10,18 @@ from conftest import assert_one_line_error, run_cli
 from charlm.config.schema import ModelConfig
 from charlm.decoding.generate import generate_ids
 from charlm.models.attention import Attention, attention_mask
-from charlm.models.decoder import GPT
+from charlm.models.decoder import Decoder
 
 V = 11
 ENCODINGS = ["learned", "sinusoidal", "rope", "alibi"]
 
 
-def _pair(encoding: str, **keys) -> tuple[GPT, GPT]:
+def _pair(encoding: str, **keys) -> tuple[Decoder, Decoder]:
     """The same weights behind the fused and the explicit path."""
     torch.manual_seed(0)
     config = dict(n_layer=2, n_head=4, n_embd=32, block_size=12, pos_encoding=encoding, **keys)
-    fused = GPT(ModelConfig(**config, attention="fused"), V).eval()
-    explicit = GPT(ModelConfig(**config, attention="explicit"), V).eval()
+    fused = Decoder(ModelConfig(**config, attention="fused"), V).eval()
+    explicit = Decoder(ModelConfig(**config, attention="explicit"), V).eval()
     explicit.load_state_dict(fused.state_dict())
     return fused, explicit
 

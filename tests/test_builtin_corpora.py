@@ -42,9 +42,9 @@ def _enwik8_like(n: int) -> bytes:
 
 
 def test_the_download_command_offers_exactly_the_builtin_corpora():
-    from charlm.cli.support import Corpus
+    from charlm.cli.support import BuiltinCorpus
 
-    assert [c.value for c in Corpus] == list(CORPORA)
+    assert [c.value for c in BuiltinCorpus] == list(CORPORA)
 
 
 def test_the_real_corpora_are_pinned():

@@ -20,8 +20,8 @@ from conftest import REPO
 
 from charlm.decoding.generate import generate_ids
 from charlm.decoding.options import DecodeOptions
+from charlm.decoding.rewrite import rewrite
 from charlm.decoding.steps import ModuleTargetSteps
-from charlm.decoding.transduce import transduce
 from charlm.families.registry import build_model
 from charlm.storage.checkpoint import load_checkpoint
 
@@ -55,7 +55,7 @@ def test_a_model_written_before_gives_the_same_logits_and_choices(path: Path):
     elif arch == "encoder-decoder":
         same(model(inputs["src"], inputs["tgt_in"])[0], stored["expected_logits"])
         sources = [[i for i in row if i >= 0] for row in inputs["sources"].tolist()]
-        outputs = transduce(model, sources, DecodeOptions(max_new_tokens=30, temperature=0.0, batch_size=8))
+        outputs = rewrite(model, sources, DecodeOptions(max_new_tokens=30, temperature=0.0, batch_size=8))
         assert outputs == [[i for i in row if i >= 0] for row in stored["expected_greedy"].tolist()]
         target = ModuleTargetSteps(model, sources)  # the cached target side fed the stored targets
         tgt_in = inputs["tgt_in"]

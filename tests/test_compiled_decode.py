@@ -17,10 +17,10 @@ from charlm.decoding.compiled import compiled_decoder
 from charlm.decoding.generate import generate_ids, sample
 from charlm.decoding.options import DecodeOptions
 from charlm.errors import UsageError
-from charlm.models.decoder import GPT
+from charlm.models.decoder import Decoder
 
 
-def forced_steps(model: GPT, text: torch.Tensor, prompt: int, batch: int, compile: bool):
+def forced_steps(model: Decoder, text: torch.Tensor, prompt: int, batch: int, compile: bool):
     """The decoding loop fed the text's own next character in every row: a generator of each step's logits (B, V)."""
     seen: list[torch.Tensor] = []
 
@@ -32,15 +32,15 @@ def forced_steps(model: GPT, text: torch.Tensor, prompt: int, batch: int, compil
         yield seen[-1]
 
 
-def forced_logits(model: GPT, text: torch.Tensor, compile: bool, prompt: int = 3, batch: int = 1) -> torch.Tensor:
+def forced_logits(model: Decoder, text: torch.Tensor, compile: bool, prompt: int = 3, batch: int = 1) -> torch.Tensor:
     """Every step's logits (N - prompt, B, V)."""
     return torch.stack(list(forced_steps(model, text, prompt, batch, compile)))
 
 
-def small_model(encoding: str = "rope", **parts) -> GPT:
+def small_model(encoding: str = "rope", **parts) -> Decoder:
     torch.manual_seed(0)
     config = ModelConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, dropout=0.0, pos_encoding=encoding, **parts)
-    model = GPT(config, 20).eval()
+    model = Decoder(config, 20).eval()
     return with_token_shift_weights(model) if config.token_shift else model
 
 
@@ -136,7 +136,7 @@ def test_a_platform_that_cannot_compile_is_told_in_one_line():
     import torch._inductor.config as inductor
 
     torch.manual_seed(2)
-    model = GPT(ModelConfig(n_layer=1, n_head=2, n_embd=16, block_size=8, dropout=0.0), 10).eval()
+    model = Decoder(ModelConfig(n_layer=1, n_head=2, n_embd=16, block_size=8, dropout=0.0), 10).eval()
     tokenizer = CharTokenizer([chr(c) for c in range(97, 107)])
     with (
         inductor.patch({"fx_graph_cache": False, "cpp.cxx": ("/nonexistent/c++",)}),  # torch's own, undone after

@@ -65,11 +65,11 @@ def test_notebook_config_is_the_notebook_recipe():
 def test_notebook_model_has_the_notebooks_parameter_count_and_torch_initialisation():
     import torch
 
-    from charlm.models.decoder import GPT
+    from charlm.models.decoder import Decoder
 
     c = load_config("notebook")
     torch.manual_seed(0)
-    model = GPT(c.model, 65)
+    model = Decoder(c.model, 65)
     assert model.num_params() == 209_729  # what torch counts for the notebook's own model
     # torch's defaults, not GPT-2's: embeddings N(0, 1), Linear weights uniform within 1/sqrt(fan_in), biases too
     assert 0.9 < float(model.tok_emb.weight.detach().std()) < 1.1

@@ -19,7 +19,7 @@ from conftest import REPO, freeze, last_logged_step, run_cli, train_cli
 from charlm.config.schema import load_config
 from charlm.data.corpus import Corpus, RandomWindows
 from charlm.hardware.device import seed_everything
-from charlm.models.decoder import GPT
+from charlm.models.decoder import Decoder
 from charlm.models.linear import onednn_linears, use_onednn
 from charlm.storage.checkpoint import load_checkpoint
 from charlm.training.optim import make_optimizer
@@ -185,7 +185,7 @@ def test_two_ranks_of_batch_b_equal_one_process_of_batch_2b_after_one_step(one_s
     config = load_config("tiny", [*sets, f"data.path={corpus}"])
     corpus_ids = Corpus.from_file(corpus, config.data.val_fraction)
     seed_everything(config.train.seed)
-    model = GPT(config.model, corpus_ids.tokenizer.vocab_size)
+    model = Decoder(config.model, corpus_ids.tokenizer.vocab_size)
     windows = [
         RandomWindows(
             corpus_ids.train,
@@ -310,14 +310,14 @@ def test_encoder_decoder_two_ranks_of_batch_b_equal_one_process_of_batch_2b(one_
 
 def test_encoder_two_ranks_of_batch_b_equal_one_process_of_batch_2b(one_step_runs):
     from charlm.data.masking import MaskedWindows
-    from charlm.models.encoder import EncoderOnly
+    from charlm.models.encoder import Encoder
 
     corpus, sets, saved = one_step_runs["encoder"]
     ddp_weights = saved["model"]
     config = load_config("tiny", sets + [f"data.path={corpus}"])
     text = Corpus.from_file(corpus, config.data.val_fraction)
     seed_everything(config.train.seed)
-    model = EncoderOnly(config.model, text.tokenizer.vocab_size)
+    model = Encoder(config.model, text.tokenizer.vocab_size)
     batches = [  # the hidden windows each rank drew, as one batch of 2B
         MaskedWindows(
             text.train,

@@ -24,7 +24,7 @@ from charlm.config.schema import load_config
 from charlm.data.pairs import pad_batch
 from charlm.data.tokenizer import BOS, EOS, PAD
 from charlm.decoding.options import DecodeOptions
-from charlm.decoding.transduce import beam_search, transduce
+from charlm.decoding.rewrite import beam_search, rewrite
 from charlm.errors import UsageError
 from charlm.evaluation.transduction import edit_distance
 from charlm.families.registry import model_info
@@ -155,7 +155,7 @@ def test_beam_search_is_no_worse_than_greedy_and_beam_1_is_greedy(trained):
     assert model.transduce(sources) == [s[::-1] for s in sources]
     ids = [model.encode_source(s) for s in sources]
     module = model.encoder_decoder
-    for source, expected in zip(ids, transduce(module, ids, DecodeOptions(temperature=0.0)), strict=True):
+    for source, expected in zip(ids, rewrite(module, ids, DecodeOptions(temperature=0.0)), strict=True):
         assert beam_search(module, source, DecodeOptions(beam=3)) == expected
 
 

@@ -24,7 +24,7 @@ from charlm.data.corpus import IGNORE
 from charlm.data.masking import hide
 from charlm.errors import UsageError
 from charlm.families.registry import model_info
-from charlm.models.encoder import EncoderOnly
+from charlm.models.encoder import Encoder
 
 ENCODER = [*SMALL, "--set", "model.arch=encoder", "--set", "train.batch_size=64"]
 
@@ -143,14 +143,14 @@ def test_training_from_python_leaves_the_signal_handlers_alone(tmp_path, corpus)
 )
 def test_info_counts_every_parameter(sets):
     config = load_config("tiny", ["model.arch=encoder", *sets]).model
-    model = EncoderOnly(config, 61)
+    model = Encoder(config, 61)
     assert model_info(config, 61).total_params == sum(p.numel() for p in model.parameters())
 
 
 def test_muon_takes_the_encoders_matrices(tmp_path, corpus):
     from charlm.training.optim import hidden_matrices
 
-    model = EncoderOnly(load_config("tiny", ["model.arch=encoder"]).model, 61)
+    model = Encoder(load_config("tiny", ["model.arch=encoder"]).model, 61)
     matrices = hidden_matrices(model)
     assert len(matrices) == 5 * model.config.n_layer  # per block: Q, K/V, W_O and the feed-forward's two
     muon = ["train.optimizer=muon"]

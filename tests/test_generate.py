@@ -8,14 +8,14 @@ from charlm.config.schema import ModelConfig
 from charlm.data.tokenizer import CharTokenizer
 from charlm.decoding.generate import generate_ids, sample, window_start
 from charlm.decoding.options import DecodeOptions
-from charlm.models.decoder import GPT
+from charlm.models.decoder import Decoder
 
 BLOCK = 16
 
 
-def model(seed=0, **parts) -> GPT:
+def model(seed=0, **parts) -> Decoder:
     torch.manual_seed(seed)
-    built = GPT(ModelConfig(n_layer=2, n_head=2, n_embd=32, block_size=BLOCK, dropout=0.0, **parts), 40).eval()
+    built = Decoder(ModelConfig(n_layer=2, n_head=2, n_embd=32, block_size=BLOCK, dropout=0.0, **parts), 40).eval()
     return with_token_shift_weights(built) if parts.get("token_shift") else built
 
 
@@ -41,7 +41,7 @@ def test_token_shift_cached_greedy_equals_uncached(pos_encoding, prompt_len):
     assert greedy(m, prompt, 5 * BLOCK, use_cache=True) == greedy(m, prompt, 5 * BLOCK, use_cache=False)
 
 
-def forced_logits(m: GPT, text: torch.Tensor, prompt: int, use_cache: bool) -> torch.Tensor:
+def forced_logits(m: Decoder, text: torch.Tensor, prompt: int, use_cache: bool) -> torch.Tensor:
     """Every step's logits (N - prompt, V) of the decoding loop fed the text's own next character."""
     seen: list[torch.Tensor] = []
 

@@ -49,17 +49,17 @@ def test_only_the_command_lines_signal_module_may_exit_the_process():
 
 
 def test_a_keyboard_interrupt_in_python_saves_last_pt_and_propagates(tmp_path, corpus, monkeypatch):
-    from charlm.training.loop import Trainer
+    from charlm.training.step import OptimizerStep
 
-    real_step, calls = Trainer._optimizer_step, []
+    real_step, calls = OptimizerStep.step, []
 
-    def interrupted_on_the_fifth_step(self):
+    def interrupted_on_the_fifth_step(self, *args):
         calls.append(1)
         if len(calls) == 5:
             raise KeyboardInterrupt
-        return real_step(self)
+        return real_step(self, *args)
 
-    monkeypatch.setattr(Trainer, "_optimizer_step", interrupted_on_the_fifth_step)
+    monkeypatch.setattr(OptimizerStep, "step", interrupted_on_the_fifth_step)
     config = load_config("tiny", TINY + [f"data.path={corpus}", "train.max_steps=1000"])
     with pytest.raises(KeyboardInterrupt):
         run_training(config, tmp_path / "run", quiet=True)

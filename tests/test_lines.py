@@ -18,7 +18,7 @@ from charlm.decoding.items import ItemFrame, sample_items
 from charlm.decoding.options import DecodeOptions
 from charlm.errors import UsageError
 from charlm.evaluation.items import item_logprobs
-from charlm.models.decoder import GPT
+from charlm.models.decoder import Decoder
 
 NAMES_TEXT = """emma olivia ava isabella sophia charlotte mia amelia harper evelyn abigail emily elizabeth mila ella
 avery sofia camila aria scarlett victoria madison luna grace chloe penelope layla riley zoey nora
@@ -32,10 +32,10 @@ BLOCK = 16  # items of up to 15 characters
 LINES_RUN = {"data.format": "lines", "model.block_size": BLOCK, "train.lr": 0.01, "train.eval_windows": 64}
 
 
-def small_gpt(**changes) -> GPT:
+def small_gpt(**changes) -> Decoder:
     torch.manual_seed(0)
     config = ModelConfig(n_layer=2, n_head=2, n_embd=32, block_size=BLOCK, **changes)
-    return GPT(config, 30).eval()
+    return Decoder(config, 30).eval()
 
 
 @pytest.fixture(scope="module")
@@ -154,7 +154,7 @@ def test_an_encoder_on_lines_and_lines_of_bytes_are_refused_in_one_line(names_fi
 # -- sampling ------------------------------------------------------------------------------------
 
 
-def biased(model: GPT, favourite: int, vocab: int = 30) -> GPT:
+def biased(model: Decoder, favourite: int, vocab: int = 30) -> Decoder:
     """The model with an output bias that makes `favourite` by far the likeliest next id everywhere."""
     model.head.bias = torch.nn.Parameter(torch.zeros(vocab))
     with torch.no_grad():

@@ -7,15 +7,15 @@ import pytest
 import torch
 
 from charlm.config.schema import ModelConfig
-from charlm.models.decoder import GPT
+from charlm.models.decoder import Decoder
 from charlm.models.layers import Dropout
 
 V = 65
 
 
-def tiny(**overrides) -> GPT:
+def tiny(**overrides) -> Decoder:
     torch.manual_seed(0)
-    return GPT(ModelConfig(**{"n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": 16, **overrides}), V)
+    return Decoder(ModelConfig(**{"n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": 16, **overrides}), V)
 
 
 def test_logits_have_one_row_per_position():

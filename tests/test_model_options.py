@@ -7,7 +7,7 @@ from conftest import with_token_shift_weights
 
 from charlm.config.schema import ModelConfig
 from charlm.families.registry import build_model, model_info
-from charlm.models.decoder import GPT
+from charlm.models.decoder import Decoder
 from charlm.models.layers import TokenShift
 
 BASE = dict(n_layer=2, n_head=2, n_embd=16, block_size=8)
@@ -15,7 +15,7 @@ BASE = dict(n_layer=2, n_head=2, n_embd=16, block_size=8)
 
 def test_zero_init_proj_starts_every_block_as_the_identity():
     torch.manual_seed(0)
-    model = GPT(ModelConfig(**BASE, zero_init_proj=True), 10)
+    model = Decoder(ModelConfig(**BASE, zero_init_proj=True), 10)
     for block in model.blocks:
         assert torch.count_nonzero(block.attn.proj.weight) == 0 and torch.count_nonzero(block.mlp.proj.weight) == 0
     x = torch.randint(10, (2, 8))
@@ -25,8 +25,8 @@ def test_zero_init_proj_starts_every_block_as_the_identity():
 
 def test_logit_softcap_bounds_the_logits_and_leaves_small_ones_alone():
     torch.manual_seed(0)
-    capped = GPT(ModelConfig(**BASE, logit_softcap=0.5), 10)
-    plain = GPT(ModelConfig(**BASE), 10)
+    capped = Decoder(ModelConfig(**BASE, logit_softcap=0.5), 10)
+    plain = Decoder(ModelConfig(**BASE), 10)
     plain.load_state_dict(capped.state_dict())
     with torch.no_grad():
         capped.head.weight.mul_(100)
@@ -38,7 +38,7 @@ def test_logit_softcap_bounds_the_logits_and_leaves_small_ones_alone():
 
 def test_relu2_squares_the_relu():
     torch.manual_seed(0)
-    model = GPT(ModelConfig(**BASE, activation="relu2"), 10)
+    model = Decoder(ModelConfig(**BASE, activation="relu2"), 10)
     mlp = model.blocks[0].mlp
     x = torch.randn(3, 16)
     torch.testing.assert_close(mlp(x), mlp.proj(F.relu(mlp.fc(x)) ** 2))
@@ -46,7 +46,7 @@ def test_relu2_squares_the_relu():
 
 def test_qk_norm_makes_the_scores_independent_of_the_query_scale():
     torch.manual_seed(0)
-    model = GPT(ModelConfig(**BASE, qk_norm=True, attention="explicit"), 10).eval()
+    model = Decoder(ModelConfig(**BASE, qk_norm=True, attention="explicit"), 10).eval()
     x = torch.randint(10, (1, 8))
     before = model.attention_weights(x)
     with torch.no_grad():
@@ -58,8 +58,8 @@ def test_qk_norm_makes_the_scores_independent_of_the_query_scale():
 
 def test_token_shift_adds_each_positions_gated_predecessor_and_starts_as_nothing():
     torch.manual_seed(0)
-    shifted = GPT(ModelConfig(**BASE, token_shift=True), 10)
-    plain = GPT(ModelConfig(**BASE), 10)
+    shifted = Decoder(ModelConfig(**BASE, token_shift=True), 10)
+    plain = Decoder(ModelConfig(**BASE), 10)
     plain.load_state_dict(shifted.state_dict(), strict=False)
     x = torch.randint(10, (2, 8))
     torch.testing.assert_close(shifted(x)[0], plain(x)[0])  # mix starts at zero: the same model at first
@@ -105,7 +105,7 @@ def test_each_option_trains_and_info_names_it():
     for keys in (*options, {"token_shift": True}):
         torch.manual_seed(0)
         config = ModelConfig(**BASE, **keys)
-        model = GPT(config, 10)
+        model = Decoder(config, 10)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
         x = torch.randint(10, (4, 8))
         first = model(x, x)[1].item()

@@ -7,7 +7,7 @@ from conftest import assert_one_line_error, run_cli, train_cli
 
 from charlm.config.schema import ModelConfig
 from charlm.families.registry import model_info
-from charlm.models.decoder import GPT
+from charlm.models.decoder import Decoder
 from charlm.models.layers import MixtureOfExperts
 
 MOE = ModelConfig(n_layer=2, n_head=2, n_embd=16, block_size=8, n_experts=4, expert_top_k=2)
@@ -38,7 +38,7 @@ def test_the_balance_loss_is_one_when_routing_is_uniform_and_larger_when_skewed(
 
 def test_the_balance_loss_is_added_only_while_training():
     torch.manual_seed(0)
-    model = GPT(MOE, 10)
+    model = Decoder(MOE, 10)
     x = torch.randint(10, (2, 8))
     train_loss = model.train()(x, x)[1]
     eval_loss = model.eval()(x, x)[1]
@@ -48,7 +48,7 @@ def test_the_balance_loss_is_added_only_while_training():
 
 def test_info_counts_total_and_active_parameters():
     info = model_info(MOE, 10)
-    model = GPT(MOE, 10)
+    model = Decoder(MOE, 10)
     assert info.total_params == sum(p.numel() for p in model.parameters())
     expert = sum(p.numel() for p in model.blocks[0].mlp.experts[0].parameters())
     assert info.active_params == info.total_params - 2 * (4 - 2) * expert

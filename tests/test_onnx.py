@@ -242,7 +242,8 @@ def test_overwrite_replaces_an_earlier_export_whole_and_nothing_else(tmp_path, t
     exported = tmp_path / "exported"
     run_cli("export", ckpt, exported, check=True)
     run_cli("export", ckpt, exported, "--web", "--overwrite", check=True)  # the page, with the public runtime
-    files = ["README.md", "charlm-web.css", "charlm-web.js", "config.json", "index.html", "model.onnx", "vocab.json"]
+    page = ["charlm-page.css", "charlm-page.js", "charlm-web.css", "charlm-web.js", "index.html"]
+    files = sorted(["README.md", "config.json", "model.onnx", "vocab.json", *page])
     assert sorted(p.name for p in exported.iterdir()) == files  # no model.safetensors left beside the graphs
     assert f'src="{CDN}ort.wasm.min.js"' in (exported / "index.html").read_text()
     run_cli("export", ckpt, exported, "--overwrite", check=True)

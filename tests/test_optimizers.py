@@ -7,7 +7,7 @@ import torch
 from conftest import run_cli, train_cli
 
 from charlm.config.schema import load_config
-from charlm.models.decoder import GPT
+from charlm.models.decoder import Decoder
 from charlm.storage.checkpoint import load_checkpoint
 from charlm.training.optim import make_optimizer
 
@@ -21,7 +21,7 @@ def test_muon_chooses_its_parameters_by_role_not_by_name():
     from charlm.training.optim import hidden_matrices
 
     config = load_config("tiny", ["train.optimizer=muon", "model.n_experts=2", "model.expert_top_k=1"])
-    model = GPT(config.model, 10)
+    model = Decoder(config.model, 10)
     routers = [m.router.weight for m in model.modules() if isinstance(m, MixtureOfExperts)]
     expected = [m.weight for b in model.blocks for m in b.modules() if isinstance(m, nn.Linear)]
     chosen = hidden_matrices(model)
@@ -41,7 +41,7 @@ def test_muon_takes_the_block_matrices_and_adamw_the_rest():
     config = load_config(
         "tiny", ["train.optimizer=muon", "model.tie_weights=false", "train.embed_lr=0.01", "train.head_lr=0.002"]
     )
-    model = GPT(config.model, 10)
+    model = Decoder(config.model, 10)
     opt = make_optimizer(model, config.train, torch.device("cpu"))
     muon, adamw = opt.optimizers
     names = {id(p): n for n, p in model.named_parameters()}
@@ -74,7 +74,7 @@ def test_muon_resume_is_exact(tmp_path, corpus):
 
 def test_an_adamw_state_from_before_train_optimizer_still_loads():
     config = load_config("tiny")
-    model = GPT(config.model, 10)
+    model = Decoder(config.model, 10)
     old = torch.optim.AdamW(
         [
             {"params": [p for p in model.parameters() if p.dim() >= 2], "weight_decay": 0.1},

@@ -90,14 +90,14 @@ def test_int8_on_a_gpu_device_is_refused_in_one_line(tiny_checkpoint):
 
 def test_a_mixtures_routers_stay_float32_and_a_model_with_nothing_to_quantize_is_refused():
     from charlm.config.schema import load_config
-    from charlm.models.decoder import GPT
+    from charlm.models.decoder import Decoder
     from charlm.models.layers import MixtureOfExperts
 
-    moe = GPT(load_config("tiny", ["model.n_experts=2", "model.expert_top_k=1", "model.n_embd=32"]).model, 10)
+    moe = Decoder(load_config("tiny", ["model.n_experts=2", "model.expert_top_k=1", "model.n_embd=32"]).model, 10)
     for_decoding(moe.eval(), "int8")
     routers = [m.router for m in moe.modules() if isinstance(m, MixtureOfExperts)]
     assert routers and all(isinstance(r, nn.Linear) for r in routers)
     assert isinstance(moe.head, nn.Linear) and any(isinstance(m, Int8Linear) for m in moe.modules())
-    odd = GPT(load_config("tiny", ["model.n_embd=18", "model.n_head=2"]).model, 10)  # feed-forward: 72 wide
+    odd = Decoder(load_config("tiny", ["model.n_embd=18", "model.n_head=2"]).model, 10)  # feed-forward: 72 wide
     with pytest.raises(UsageError, match="nothing to quantize.*multiples of 16"):
         for_decoding(odd.eval(), "int8")

@@ -42,9 +42,9 @@ class Unpicklable:
 
 def _good_checkpoint(path: Path) -> bytes:
     config = load_config("tiny", ["model.n_layer=1", "model.n_embd=16", "model.n_head=2"])
-    from charlm.models.decoder import GPT
+    from charlm.models.decoder import Decoder
 
-    model = GPT(config.model, 5)
+    model = Decoder(config.model, 5)
     save_checkpoint(path, {"config": config.to_dict(), "vocab": list("abcde"), "model": model.state_dict(), "step": 1})
     return path.read_bytes()
 
@@ -143,13 +143,13 @@ def test_resume_is_exact_per_step_losses_and_final_weights(tmp_path, corpus):
 
 
 def test_a_nan_loss_stops_before_the_step_and_keeps_the_last_checkpoints(tmp_path, corpus, monkeypatch):
-    from charlm.models.decoder import GPT
+    from charlm.models.decoder import Decoder
 
     sets = ["model.n_layer=1", "model.n_embd=32", "model.block_size=16", "train.eval_interval=5", f"data.path={corpus}"]
     run = tmp_path / "run"
     run_training(load_config("tiny", sets + ["train.max_steps=10"]), run, quiet=True)
     before = {name: (run / name).read_bytes() for name in ("best.pt", "last.pt")}
-    real_forward, calls = GPT.forward, []
+    real_forward, calls = Decoder.forward, []
 
     def nan_on_the_third_step(self, idx, targets=None, **kwargs):
         logits, loss = real_forward(self, idx, targets, **kwargs)
@@ -159,7 +159,7 @@ def test_a_nan_loss_stops_before_the_step_and_keeps_the_last_checkpoints(tmp_pat
                 loss = loss * float("nan")  # injected: step 13 goes bad
         return logits, loss
 
-    monkeypatch.setattr(GPT, "forward", nan_on_the_third_step)
+    monkeypatch.setattr(Decoder, "forward", nan_on_the_third_step)
     with pytest.raises(WorkError, match="loss became nan at step 13; training stopped before updating"):
         run_training(
             load_config("tiny", sets + ["train.max_steps=30"]),

@@ -13,22 +13,22 @@ from charlm.config.schema import ModelConfig
 from charlm.data.tokenizer import CharTokenizer
 from charlm.decoding.generate import generate_ids
 from charlm.decoding.options import DecodeOptions
-from charlm.models.decoder import GPT
+from charlm.models.decoder import Decoder
 from charlm.serving.engine import Completion, Engine, QueueFull
 
 BLOCK = 16
 VOCAB = [chr(ord("a") + i) for i in range(26)] + list(" .,;:!?\n'-ABCDEF")[:14]
 
 
-def model(pos_encoding: str, seed: int = 0, token_shift: bool = False) -> GPT:
+def model(pos_encoding: str, seed: int = 0, token_shift: bool = False) -> Decoder:
     torch.manual_seed(seed)
     shape = dict(n_layer=2, n_head=2, n_embd=32, block_size=BLOCK, dropout=0.0)
     config = ModelConfig(**shape, pos_encoding=pos_encoding, token_shift=token_shift)
-    built = GPT(config, len(VOCAB)).eval()
+    built = Decoder(config, len(VOCAB)).eval()
     return with_token_shift_weights(built) if token_shift else built
 
 
-def alone(m: GPT, prompt: list[int], n: int) -> list[int]:
+def alone(m: Decoder, prompt: list[int], n: int) -> list[int]:
     steps = generate_ids(m, prompt, n, 1, lambda logits: logits.argmax(-1))
     return torch.stack(list(steps), 1)[0].tolist()
 

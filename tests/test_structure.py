@@ -4,6 +4,7 @@ package says its role, storage code does not import the package root, no module 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -148,7 +149,7 @@ def test_no_module_is_over_400_lines():
 
 # The classes of a model family or of its data: code outside charlm/families/ calls through a family object instead of
 # asking which of these it holds.
-FAMILY_CLASSES = {"GPT", "EncoderDecoder", "EncoderOnly", "Corpus", "PairCorpus", "RandomWindows", "PairBatches"}
+FAMILY_CLASSES = {"Decoder", "EncoderDecoder", "Encoder", "Corpus", "PairCorpus", "RandomWindows", "PairBatches"}
 FAMILY_CLASSES |= {"MaskedWindows", "Model"}
 
 
@@ -182,4 +183,37 @@ def test_the_family_branch_check_catches_both_kinds(tmp_path):
     assert family_branches(planted) == [
         "planted.py:1 compares model.arch",
         "planted.py:3 isinstance(..., PairCorpus)",
+    ]
+
+
+# Names docs/code-map.md's glossary gives one meaning, and the second names they once had in the code: a banned alias
+# may not come back (as a word in code, a module or an import alias).
+BANNED_ALIASES = {
+    r"\btransducer\b": "the encoder-decoder (rewrites sources)",
+    r"\b(stepped_ids|sample_stepped|transduce_stepped|decoding\.stepped)\b": "steps (charlm/decoding/steps.py)",
+    r"import (decoder|encoder|encoder_decoder) as (text|pairs|masked)\b": "the family module's own name",
+    r"a pairs model": "an encoder-decoder",
+    r"a lines decoder": "a lines model",
+}
+
+
+def banned_aliases(root: Path) -> list[str]:
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+            for pattern, name in BANNED_ALIASES.items():
+                if re.search(pattern, line, re.IGNORECASE):
+                    found.append(f"{path.name}:{number} says {pattern!r}: call it {name}")
+    return found
+
+
+def test_the_glossarys_banned_aliases_stay_out_of_the_code():
+    assert banned_aliases(PACKAGE) == []
+
+
+def test_the_banned_alias_check_catches_one(tmp_path):
+    (tmp_path / "planted.py").write_text("from charlm.families import encoder_decoder as pairs\n")
+    assert banned_aliases(tmp_path) == [
+        "planted.py:1 says 'import (decoder|encoder|encoder_decoder) as (text|pairs|masked)\\\\b': call it the "
+        "family module's own name"
     ]

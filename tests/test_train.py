@@ -10,7 +10,7 @@ from conftest import FULL_CORPUS_BYTES, assert_one_line_error, run_cli, train_cl
 
 from charlm.config.schema import Config, ModelConfig
 from charlm.data.tokenizer import CharTokenizer
-from charlm.models.decoder import GPT
+from charlm.models.decoder import Decoder
 from charlm.storage.checkpoint import load_checkpoint, save_checkpoint
 
 
@@ -121,7 +121,7 @@ def test_checkpoint_round_trip_reproduces_logits_exactly(tmp_path):
     torch.manual_seed(0)
     config = Config(model=ModelConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, dropout=0.1))
     tokenizer = CharTokenizer.from_text("abcdefgh \n")
-    model = GPT(config.model, tokenizer.vocab_size).eval()
+    model = Decoder(config.model, tokenizer.vocab_size).eval()
     save_checkpoint(
         tmp_path / "m.pt",
         {"config": config.to_dict(), "vocab": tokenizer.chars, "model": model.state_dict(), "step": 3},
@@ -168,7 +168,7 @@ def test_linear_schedule_follows_a_straight_line(tmp_path, corpus):
 
 def test_label_smoothing_is_what_training_minimises_and_evaluation_leaves_out():
     torch.manual_seed(0)
-    model = GPT(ModelConfig(n_layer=1, n_head=2, n_embd=16, block_size=8), 10)
+    model = Decoder(ModelConfig(n_layer=1, n_head=2, n_embd=16, block_size=8), 10)
     x, y = torch.randint(10, (2, 8)), torch.randint(10, (2, 8))
     model.label_smoothing = 0.2
     logits, smoothed = model(x, y)

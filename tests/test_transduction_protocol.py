@@ -18,7 +18,7 @@ from charlm.data.pairs import PairBatches, PairCorpus
 from charlm.data.records import SPLIT_SEED
 from charlm.data.tokenizer import UNKNOWN_CHAR
 from charlm.decoding.options import DecodeOptions
-from charlm.decoding.transduce import transduce
+from charlm.decoding.rewrite import rewrite
 from charlm.errors import UsageError
 from charlm.evaluation.transduction import error_rates, score_pairs
 from charlm.models.encoder_decoder import EncoderDecoder
@@ -49,13 +49,13 @@ def test_score_pairs_groups_a_sources_lines_and_keeps_the_line_by_line_figures(t
     model = EncoderDecoder(config.model, corpus.tokenizer.vocab_size)
     options = DecodeOptions(temperature=0.0, max_new_tokens=8)
     sources = [corpus.tokenizer.encode(s) for s in ("abc", "bca")]
-    hypotheses = [corpus.tokenizer.decode(h) for h in transduce(model, sources, options)]
+    hypotheses = [corpus.tokenizer.decode(h) for h in rewrite(model, sources, options)]
     assert all(hypotheses), "an untrained model still writes something before its end symbol"
     encode = corpus.tokenizer.encode
     wrong = {h: "".join(sorted(set("abc") - set(h[:1]))) or "a" for h in hypotheses}
     # each source twice: first a reference the model did not write, then the one it did
     pairs = [(s, encode(t)) for s, h in zip(sources, hypotheses, strict=True) for t in (wrong[h], h)]
-    result = score_pairs([model], corpus.tokenizer.decode, pairs, lambda s: transduce(model, s, options))
+    result = score_pairs([model], corpus.tokenizer.decode, pairs, lambda s: rewrite(model, s, options))
     assert (result.sources, result.lines) == (2, 4)
     assert result.word_error_rate == 0.0 and result.exact_match == 1.0
     assert result.single_reference["word_error_rate"] == 0.5 and result.single_reference["lines"] == 4

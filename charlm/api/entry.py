@@ -47,12 +47,13 @@ def export(
     if runtime is not None:
         raise UsageError("--runtime bundles onnxruntime-web with a web page: add --web")
     from charlm.storage.export import FILES, check_target, write_export
+    from charlm.storage.model_card import model_card
 
     out = Path(out_dir)
     check_target(out, overwrite)
     ckpt = load_model_file(checkpoint)
     model = Model.from_checkpoint(ckpt, "cpu")
-    return write_export(ckpt, out, model.family.card(model, ckpt.step, out, FILES))
+    return write_export(ckpt, out, model_card(model.family.card_facts(model, ckpt.step), out, FILES))
 
 
 def train(

@@ -22,14 +22,14 @@ from charlm.evaluation.items import ItemsResult
 from charlm.evaluation.loss import EvalResult
 from charlm.evaluation.masked import MaskedResult
 from charlm.evaluation.transduction import TransductionResult
-from charlm.families import decoder as text
-from charlm.families import encoder as masked
-from charlm.families import encoder_decoder as pairs
-from charlm.families import lines
+from charlm.families import decoder as decoder_family
+from charlm.families import encoder as encoder_family
+from charlm.families import encoder_decoder as encoder_decoder_family
+from charlm.families import lines as lines_family
 from charlm.families.registry import AnyModel, family_for
 from charlm.hardware.device import pick_device
-from charlm.models.decoder import GPT
-from charlm.models.encoder import EncoderOnly
+from charlm.models.decoder import Decoder
+from charlm.models.encoder import Encoder
 from charlm.models.encoder_decoder import EncoderDecoder
 from charlm.models.info import ModelInfo
 from charlm.models.linear import onednn_linears, onednn_problem, use_onednn
@@ -49,7 +49,7 @@ class Model:
         self.family = family_for(config)
 
     @property
-    def decoder(self) -> GPT:
+    def decoder(self) -> Decoder:
         """The module as a decoder-only model, or a one-line error naming what this model does instead."""
         return self.family.as_decoder(self)
 
@@ -58,7 +58,7 @@ class Model:
         return self.family.as_encoder_decoder(self)
 
     @property
-    def encoder(self) -> EncoderOnly:
+    def encoder(self) -> Encoder:
         return self.family.as_encoder(self)
 
     def require(self, kind: Literal["decoder", "encoder-decoder"]) -> None:
@@ -115,12 +115,12 @@ class Model:
         if options is not None and not isinstance(options, DecodeOptions):
             raise UsageError(f"options must be a charlm DecodeOptions (DecodeOptions.from_config), got {options!r}")
         prompt = string_argument(prompt, "prompt")
-        return lines.draw_items(self, prompt, options or DecodeOptions.from_config(self.config.sample), novel)
+        return lines_family.draw_items(self, prompt, options or DecodeOptions.from_config(self.config.sample), novel)
 
     def score_items(self, text: str, where: str = "the text", **options: Any) -> ItemsResult:
         """A lines model (`charlm score`): each non-empty line of `text` as one item, its log-likelihood and nats per
         character in `.scores`, in the text's order; options: unknown, replace_with, batch_size."""
-        return lines.score_lines(self, string_argument(text, "text"), where, **options)
+        return lines_family.score_lines(self, string_argument(text, "text"), where, **options)
 
     def generate(
         self,
@@ -166,7 +166,7 @@ class Model:
         test, all) defaults to val of the model's own corpus and to all of anything else. `stride` (1..block_size)
         overlaps the windows so that each scored token sees at least block_size - stride earlier ones.
         """
-        return text.evaluate_text(self, text_or_path, split, unknown, replace_with, batch_size, stride)
+        return decoder_family.evaluate_text(self, text_or_path, split, unknown, replace_with, batch_size, stride)
 
     def evaluate_pairs(
         self,
@@ -183,7 +183,9 @@ class Model:
         characters the model never saw refused, their lines skipped, or replaced (`unknown`; default: replaced by
         the unknown symbol where the model learned one, data.unknown_dropout, else refused). `ensemble`: other
         encoder-decoders of the same vocabulary that decode and score with this one (their mean log-probabilities)."""
-        return pairs.evaluate_pairs(self, path, split, beam, batch_size, unknown, replace_with, _models(ensemble))
+        return encoder_decoder_family.evaluate_pairs(
+            self, path, split, beam, batch_size, unknown, replace_with, _models(ensemble)
+        )
 
     def pair_scorer(self, beam: int) -> Any:
         """What scores an encoder-decoder's pairs in evaluate_pairs: None, the torch model's own score_pairs (an
@@ -193,7 +195,7 @@ class Model:
     def evaluate_masked(self, path: str | Path | None = None, split: str | None = None) -> MaskedResult:
         """An encoder on a text (default: its own corpus, val split): 15% of each window hidden as in training
         (the same positions every time), the loss and the share restored exactly."""
-        return masked.evaluate_masked(self, path, split)
+        return encoder_family.evaluate_masked(self, path, split)
 
     def score(self, data: str | None = None, split: str | None = None, **options: Any) -> Any:
         """`charlm eval`: whichever of evaluate, evaluate_pairs and evaluate_masked this model's family scores by;
@@ -235,29 +237,29 @@ class Model:
     ) -> list[str]:
         """transduce() with its decoding as one DecodeOptions record (beam, temperature, top-k, top-p, seed,
         max_new_tokens: the most characters of a target, the context less one at most)."""
-        return pairs.transduce_sources(self, sources, options, unknown, replace_with, _models(ensemble))
+        return encoder_decoder_family.rewrite_sources(self, sources, options, unknown, replace_with, _models(ensemble))
 
     def rewriter(self, ensemble: Sequence[Any] = ()) -> Any:
         """How this model rewrites sources' ids under DecodeOptions: torch's decoding loop (an export run by another
         runtime gives its own)."""
-        return pairs.torch_rewriter(self, ensemble)
+        return encoder_decoder_family.torch_rewriter(self, ensemble)
 
     def encode_source(
         self, source: str, unknown: UnknownPolicy = "error", replace_with: str | None = None
     ) -> list[int]:
         """A source's ids: not empty, within the context, without the reserved control characters."""
-        return pairs.encode_source(self, source, unknown, replace_with)
+        return encoder_decoder_family.encode_source(self, source, unknown, replace_with)
 
     def transduction_attention(self, source: str, unknown: UnknownPolicy = "error") -> dict[str, Any]:
         """An encoder-decoder's attention on a source and its greedy target: {"source": chars, "target": chars
         (each decoder position's output, the last being the end), "encoder": (Le, nh, S, S), "decoder":
         (Ld, nh, T, T), "cross": (Ld, nh, T, S)}; rows are queries and sum to 1."""
-        return pairs.transduction_attention(self, string_argument(source, "source"), unknown)
+        return encoder_decoder_family.transduction_attention(self, string_argument(source, "source"), unknown)
 
     def fill(self, text: str, mask_char: str = "_", top: int = 5) -> dict[str, Any]:
         """An encoder's guess for every `mask_char` of text: {"text": filled, "blanks": [{"position", "candidates":
         [[char, probability], ...]}]}, every blank predicted at once from the rest of the text."""
-        return masked.fill_blanks(self, text, mask_char, top)
+        return encoder_family.fill_blanks(self, text, mask_char, top)
 
     def attention(self, prompt: str, unknown: UnknownPolicy = "error") -> torch.Tensor:
         """Attention weights for a prompt of at most the context length: (n_layer, n_head, T, T), rows summing to 1."""

@@ -16,7 +16,7 @@ from charlm.data.pairs import Pair, in_batches, pad_batch
 from charlm.data.tokenizer import UnknownPolicy
 from charlm.decoding.generate import SampleResult, sample_graph
 from charlm.decoding.options import DecodeOptions
-from charlm.decoding.transduce import transduce_graphs
+from charlm.decoding.rewrite import rewrite_graphs
 from charlm.errors import UsageError
 from charlm.evaluation.transduction import TransductionResult, against_references
 from charlm.storage.loading import load_model_file
@@ -25,9 +25,9 @@ from charlm.storage.onnx_runtime import OnnxForward
 
 
 class OnnxModel(Model):
-    """An ONNX export run by onnxruntime (charlm.storage.onnx_export): generate and evaluate (a decoder),
-    transduce greedily or sampled (an encoder-decoder), fill and evaluate (an encoder), with charlm's own windowing,
-    sampler, stop strings and scoring around the exported graphs; what needs the torch modules is refused."""
+    """An ONNX export run by onnxruntime (charlm.storage.onnx_export): generate and evaluate (a decoder), rewrite
+    greedily, sampled or by beam search (an encoder-decoder), fill and evaluate (an encoder), with charlm's own
+    windowing, sampler, stop strings and scoring around the exported graphs; what needs the torch modules is refused."""
 
     runtime = "onnxruntime"
 
@@ -61,7 +61,7 @@ class OnnxModel(Model):
         if ensemble:
             raise self.torch_only("an ensemble (--ensemble)")
         room = self.config.model.block_size
-        return lambda ids, options: transduce_graphs(self.onnx, ids, options, room)
+        return lambda ids, options: rewrite_graphs(self.onnx, ids, options, room)
 
     def pair_scorer(self, beam: int) -> Any:
         """An encoder-decoder export is scored as the torch model is: the teacher-forced loss through the decoder
@@ -108,6 +108,7 @@ def export_onnx(
     """The ONNX export (charlm.storage.onnx_export), checked against the torch model before it is written: what
     was written, the largest logit difference and the greedy comparison."""
     from charlm.storage.export import check_target
+    from charlm.storage.model_card import model_card
     from charlm.storage.onnx_export import ONNX_FILES, write_onnx_export
     from charlm.storage.web_export import WEB_NOTE, check_runtime, write_page
 
@@ -122,5 +123,5 @@ def export_onnx(
         raise model.family.refuse(model, "a decoder (--web makes a page that continues text)")
     files = ONNX_FILES + ("\n\n" + WEB_NOTE if web else "")
     page = (lambda folder: write_page(folder, bundled)) if web else None
-    card = lambda: model.family.card(model, ckpt.step, out, files)  # noqa: E731  (written once the graphs export)
+    card = lambda: model_card(model.family.card_facts(model, ckpt.step), out, files)  # noqa: E731  (once the graphs export)
     return write_onnx_export(ckpt, model, model.family, out, card, overwrite, page)

@@ -16,8 +16,8 @@ from charlm.cli.support import (
     CHECKPOINT_HELP,
     DEVICE_HELP,
     REPLACE_HELP,
+    BuiltinCorpus,
     ConfigOption,
-    Corpus,
     DeviceOption,
     EnsembleOption,
     Precision,
@@ -88,7 +88,7 @@ def _timeout_given(value: float) -> float:
 @app.command()
 def download(
     name: Annotated[
-        Corpus,
+        BuiltinCorpus,
         typer.Argument(
             help="Which corpus: tinyshakespeare (1.1 MB), enwik8 (10^8 bytes of Wikipedia XML), text8 (10^8 cleaned "
             "characters), cmudict (the CMU Pronouncing Dictionary as word<TAB>phonemes lines for data.format pairs: "
@@ -96,7 +96,7 @@ def download(
             "task) or cmudict-stress (the same, stress digits kept); each download's SHA-256 is pinned.",
             show_default=True,
         ),
-    ] = Corpus.tinyshakespeare,
+    ] = BuiltinCorpus.tinyshakespeare,
     url: Annotated[
         Optional[str],
         typer.Option(

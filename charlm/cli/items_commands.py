@@ -111,11 +111,10 @@ def score(
     check_replacement(replace_with)
     needs_torch()
     from charlm.api.entry import load
-    from charlm.families.lines import read_candidates
 
     model = load(checkpoint_path(checkpoint), device)  # a bad checkpoint before a bad file
     model.family.as_lines(model)  # another family is refused in one line
-    text, where = read_candidates(file)
+    text, where = candidates(file)
     result = model.score_items(text, where, unknown=unknown.value, replace_with=replace_with, batch_size=batch_size)
     if sort:
         result.scores.sort(key=lambda s: -s.logprob)
@@ -129,8 +128,19 @@ def score(
     )
 
 
+def candidates(file: str) -> tuple[str, str]:
+    """The text `charlm score` ranks, and how messages name it: standard input for -, else the file's."""
+    if file == "-":  # only the command line has a standard input to read: the Python API is given the text
+        from charlm.data.corpus import decode_utf8
+
+        return decode_utf8(sys.stdin.buffer.read(), "standard input"), "standard input"
+    from charlm.families.lines import read_candidates
+
+    return read_candidates(file)
+
+
 def refuse_novel(model: Any) -> None:
     raise UsageError(
-        f"--novel compares whole items with a list's training items; {model.path} is {model.family.noun} model "
+        f"--novel compares whole items with a list's training items; {model.path} is {model.family.noun} "
         "(train one with data.format lines)"
     )

@@ -174,7 +174,7 @@ def sample_(
         room = model.config.model.block_size  # a target's most characters (the context less its start symbol)
         decoding = DecodeOptions(beam=beam, temperature=temperature or 0.0, top_k=top_k, top_p=top_p or 1.0, seed=seed)
         rewriting = Rewriting(decoding.with_(max_new_tokens=room), unknown.value, replace_with, members)
-        return transduce_lines(model, prompt, prompt_file, rewriting, json_out)
+        return rewrite_lines(model, prompt, prompt_file, rewriting, json_out)
     model.require("decoder")  # an encoder is refused here in one line: it fills blanks, see `charlm fill`
     if beam != 1:
         raise UsageError("--beam is for encoder-decoder models; a decoder samples (--temperature 0 is greedy)")
@@ -288,7 +288,7 @@ class Rewriting:
         return self.options.beam
 
 
-def transduce_lines(model, prompt, prompt_file, rewriting: Rewriting, json_out: bool) -> None:
+def rewrite_lines(model, prompt, prompt_file, rewriting: Rewriting, json_out: bool) -> None:
     """--prompt: the target alone; --prompt-file: source<TAB>target for every non-blank line."""
     unknown, replace_with, members, beam = rewriting.unknown, rewriting.replace_with, rewriting.members, rewriting.beam
     from charlm.data.corpus import read_prompt

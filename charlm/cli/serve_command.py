@@ -129,9 +129,9 @@ def start(model: Model, served: Served, host: str, listener: socket.socket) -> N
     import uvicorn
 
     if model.family.rewrites_sources:  # an encoder-decoder: each prompt a source, each completion its target
-        from charlm.serving.transducer import create_transducer_app
+        from charlm.serving.encoder_decoder_app import create_encoder_decoder_app
 
-        app = create_transducer_app(model, served)
+        app = create_encoder_decoder_app(model, served)
     else:
         from charlm.serving.server import create_app
 

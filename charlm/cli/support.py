@@ -23,7 +23,7 @@ from charlm.errors import USAGE_EXIT, CharlmError, Interrupted, UsageError
 
 CHECKPOINT_HELP = "Checkpoint file, run folder (its best.pt) or export. Default: the newest runs/*/best.pt."
 REPLACE_HELP = (
-    "Character used by --unknown replace. Default: the unknown symbol of a pairs model trained with "
+    "Character used by --unknown replace. Default: the unknown symbol of an encoder-decoder trained with "
     "data.unknown_dropout, else a space, else the model's first character."
 )
 
@@ -33,7 +33,7 @@ class State:
 
 
 # Fixed choices as Enums: --help lists them and the shell completes them.
-class Corpus(str, Enum):
+class BuiltinCorpus(str, Enum):
     """The built-in corpora (charlm.data.download.CORPORA; a test keeps the two in step)."""
 
     tinyshakespeare = "tinyshakespeare"

@@ -25,7 +25,7 @@ from charlm.errors import UsageError
 from charlm.models.kvcache import StaticCache
 
 if TYPE_CHECKING:
-    from charlm.models.decoder import GPT
+    from charlm.models.decoder import Decoder
 
 
 class CompiledDecoder:
@@ -36,7 +36,7 @@ class CompiledDecoder:
     """
 
     @torch.inference_mode()
-    def __init__(self, model: GPT, batch: int, device: torch.device, dtype: torch.dtype):
+    def __init__(self, model: Decoder, batch: int, device: torch.device, dtype: torch.dtype):
         self.model = model
         self.cache = model.empty_cache(StaticCache, batch, device, dtype)
         self.ids = torch.zeros(batch, 1, dtype=torch.long, device=device)  # fixed input: same strides every step
@@ -108,7 +108,7 @@ _claiming = threading.Lock()
 
 
 @contextlib.contextmanager
-def compiled_decoder(model: GPT, batch: int, device: torch.device, dtype: torch.dtype) -> Iterator[CompiledDecoder]:
+def compiled_decoder(model: Decoder, batch: int, device: torch.device, dtype: torch.dtype) -> Iterator[CompiledDecoder]:
     """The model's decoder for this batch size, its cache emptied, held for one decoding loop.
 
     Made (and compiled) once per model and kept on it, so an interactive session compiles once, not once per text.

@@ -12,6 +12,7 @@ Both loops follow the same policy, so under greedy decoding they produce the sam
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -26,7 +27,7 @@ from charlm.decoding.sampling import sample_next, seeded_generator
 from charlm.decoding.steps import GraphStep, GraphTextSteps, ModuleTextSteps, TextSteps
 from charlm.decoding.stops import StopStrings
 from charlm.errors import UsageError
-from charlm.models.decoder import GPT, decoder_reach, relative_positions
+from charlm.models.decoder import Decoder, decoder_reach, relative_positions
 
 ChooseNext = Callable[[torch.Tensor], torch.Tensor]  # logits (B, V) -> ids (B,)
 
@@ -42,7 +43,7 @@ class ContextWindow:
     """The windowing policy above for one text: where the model's window begins as the text grows. Used by the
     decoding loops here and by the server's engine, row by row."""
 
-    def __init__(self, model: GPT | ModelConfig):
+    def __init__(self, model: Decoder | ModelConfig):
         """The policy of a model, or of a decoder's config where no torch module runs it (an ONNX export)."""
         config = model if isinstance(model, ModelConfig) else model.config
         self.relative, self.reach = relative_positions(config), decoder_reach(config)
@@ -69,7 +70,7 @@ class ContextWindow:
 
 @torch.inference_mode()
 def generate_ids(
-    model: GPT,
+    model: Decoder,
     prompt: list[int],
     max_new_tokens: int,
     batch: int,
@@ -79,15 +80,21 @@ def generate_ids(
 ) -> Iterator[torch.Tensor]:
     """Yield the next ids (B,) step by step, every row continuing the same prompt; `compile`: single positions go
     through a compiled step with a cache of its own (charlm/decoding/compiled.py)."""
+    with module_steps(model, batch, use_cache, compile) as steps:
+        yield from decode_text(steps, ContextWindow(model), prompt, max_new_tokens, batch, choose, steps.device)
+
+
+@contextlib.contextmanager
+def module_steps(model: Decoder, batch: int, use_cache: bool, compile: bool) -> Iterator[ModuleTextSteps]:
+    """A decoder's steps for `batch` rows: through its KV cache (none: the reference loop), or with `compile` through
+    a compiled step sharing a static cache (released when the decoding ends)."""
     check_values({"compile": compile, "use_cache": use_cache})
     device, dtype = next(model.parameters()).device, next(model.parameters()).dtype
     if compile:
         with compiled_decoder(model, batch, device, dtype) as decoder:
-            steps = ModuleTextSteps(model, decoder.cache, decoder.step)
-            yield from decode_text(steps, ContextWindow(model), prompt, max_new_tokens, batch, choose, device)
+            yield ModuleTextSteps(model, decoder.cache, decoder.step)
         return
-    cache = model.new_cache(batch, device, dtype) if use_cache else None
-    yield from decode_text(ModuleTextSteps(model, cache), ContextWindow(model), prompt, max_new_tokens, batch, choose)
+    yield ModuleTextSteps(model, model.new_cache(batch, device, dtype) if use_cache else None)
 
 
 def decode_text(
@@ -119,7 +126,7 @@ def decode_text(
         yield next_ids
 
 
-def teacher_forced(model: GPT, ids: torch.Tensor, compile: bool = False) -> tuple[list[int], float]:
+def teacher_forced(model: Decoder, ids: torch.Tensor, compile: bool = False) -> tuple[list[int], float]:
     """Decode the text `ids` (N,) one character at a time through the cached loop, always feeding the text's own next
     character: the model's first choice at each of the N - 1 steps, and its mean loss (nats) over them. Two
     versions of a model (float32 and int8 weights) compared this way meet the same contexts at every step."""
@@ -161,7 +168,7 @@ def encode_prompt(tokenizer: Tokenizer, prompt: str, unknown: UnknownPolicy, rep
 
 
 def sample(
-    model: GPT,
+    model: Decoder,
     tokenizer: Tokenizer,
     prompt_ids: list[int],
     options: DecodeOptions,
@@ -177,10 +184,10 @@ def sample(
         with compiled_decoder(model, options.num_samples, device, dtype) as compiled:
             compile_seconds = compiled.warm_up()
     started = time.perf_counter()
-    steps = generate_ids(
-        model, prompt_ids, options.max_new_tokens, options.num_samples, choose, options.use_cache, options.compile
-    )
-    result = collect_samples(steps, tokenizer, prompt_ids, options, on_text, started)
+    batch, window = options.num_samples, ContextWindow(model)
+    with torch.inference_mode(), module_steps(model, batch, options.use_cache, options.compile) as steps:
+        ids = decode_text(steps, window, prompt_ids, options.max_new_tokens, batch, choose, steps.device)
+        result = collect_samples(ids, tokenizer, prompt_ids, options, on_text, started)
     result.compile_seconds = compile_seconds
     return result
 
@@ -197,8 +204,8 @@ def sample_graph(
     choose = seeded_chooser(options)
     started = time.perf_counter()
     window, batch = ContextWindow(config), options.num_samples
-    steps = decode_text(GraphTextSteps(step), window, prompt_ids, options.max_new_tokens, batch, choose)
-    return collect_samples(steps, tokenizer, prompt_ids, options, on_text, started)
+    ids = decode_text(GraphTextSteps(step), window, prompt_ids, options.max_new_tokens, batch, choose)
+    return collect_samples(ids, tokenizer, prompt_ids, options, on_text, started)
 
 
 def seeded_chooser(options: DecodeOptions) -> ChooseNext:
@@ -212,7 +219,7 @@ def seeded_chooser(options: DecodeOptions) -> ChooseNext:
 
 
 def collect_samples(
-    steps: Iterator[torch.Tensor],
+    drawn: Iterator[torch.Tensor],
     tokenizer: Tokenizer,
     prompt_ids: list[int],
     options: DecodeOptions,
@@ -227,7 +234,7 @@ def collect_samples(
     decoders = [tokenizer.stream_decoder() for _ in range(options.num_samples)]  # bytes: whole characters only
     done = [False] * options.num_samples
     stops = [StopStrings(options.stop) for _ in range(options.num_samples)]
-    for next_ids in steps:
+    for next_ids in drawn:
         for i, token in enumerate(next_ids.tolist()):
             if done[i]:
                 continue

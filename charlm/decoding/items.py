@@ -19,7 +19,7 @@ from charlm.decoding.generate import SampleResult, generate_ids
 from charlm.decoding.options import DecodeOptions
 from charlm.decoding.sampling import sample_next, seeded_generator
 from charlm.decoding.stops import StopStrings
-from charlm.models.decoder import GPT
+from charlm.models.decoder import Decoder
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,7 @@ class ItemDraws:
 
 
 def sample_items(
-    model: GPT,
+    model: Decoder,
     tokenizer: Tokenizer,
     frame: ItemFrame,
     prefix: list[int],
@@ -93,8 +93,8 @@ def sample_items(
     cap = frame.cap(len(prefix), options.max_new_tokens)
     done = [False] * n
     # One draw more than the cap: an item of cap characters may still be ended by the end symbol.
-    steps = generate_ids(model, frame.prompt(prefix), cap + 1, n, choose, options.use_cache, options.compile)
-    for step, next_ids in enumerate(steps):
+    draws = generate_ids(model, frame.prompt(prefix), cap + 1, n, choose, options.use_cache, options.compile)
+    for step, next_ids in enumerate(draws):
         for i, token in enumerate(next_ids.tolist()):
             if done[i]:
                 continue
@@ -120,7 +120,7 @@ def sample_items(
 
 
 def sample_until(
-    model: GPT,
+    model: Decoder,
     tokenizer: Tokenizer,
     frame: ItemFrame,
     prefix: list[int],

@@ -50,13 +50,23 @@ def sample_next(
     top_p: float = 1.0,
 ) -> torch.Tensor:
     """Next ids (B,) from logits (B, V) with one set of options and one generator for every row (see sample_rows)."""
+    return _one_set(logits, [generator] * logits.size(0), temperature, top_k, top_p)
+
+
+def _one_set(
+    logits: torch.Tensor,
+    generators: Sequence[torch.Generator | None],
+    temperature: float,
+    top_k: int | None,
+    top_p: float,
+) -> torch.Tensor:
+    """The rule below with one set of options for every row: (B,) ids."""
     if temperature == 0:
         return logits.argmax(dim=-1)
     logits = logits.float() / max(temperature, 1e-6)  # a tinier one would overflow to inf: greedy by then anyway
     if top_k is not None:
         logits = filter_top_k(logits, top_k)
-    logits = filter_top_p(logits, top_p)
-    return draw(torch.softmax(logits, dim=-1), [generator] * logits.size(0))
+    return draw(torch.softmax(filter_top_p(logits, top_p), dim=-1), generators)
 
 
 def sample_rows(
@@ -73,12 +83,7 @@ def sample_rows(
     gives the text `charlm sample` gives, whatever else is running.
     """
     if len(set(temperatures)) == 1 and len(set(top_ks)) == 1 and len(set(top_ps)) == 1:  # one set of options
-        if temperatures[0] == 0:
-            return logits.argmax(dim=-1).tolist()
-        scaled = logits.float() / max(temperatures[0], 1e-6)
-        if top_ks[0] is not None:
-            scaled = filter_top_k(scaled, top_ks[0])
-        return draw(torch.softmax(filter_top_p(scaled, top_ps[0]), dim=-1), generators).tolist()
+        return _one_set(logits, generators, temperatures[0], top_ks[0], top_ps[0]).tolist()
     V, device = logits.size(-1), logits.device
     temperature = torch.tensor(temperatures, device=device)[:, None]  # (B, 1)
     scaled = logits.float() / temperature.clamp(min=1e-6)

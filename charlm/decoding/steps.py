@@ -18,7 +18,7 @@ import torch
 
 from charlm.data.pairs import pad_batch
 from charlm.data.tokenizer import BOS, PAD
-from charlm.models.decoder import GPT
+from charlm.models.decoder import Decoder
 from charlm.models.encoder_decoder import EncoderDecoder
 from charlm.models.kvcache import KVCache, StaticCache
 
@@ -68,12 +68,13 @@ class ModuleTextSteps:
 
     def __init__(
         self,
-        model: GPT,
+        model: Decoder,
         cache: KVCache | StaticCache | None,
         extend_one: Callable[[torch.Tensor], torch.Tensor] | None = None,
     ):
         self.model, self.cache = model, cache
         self.extend_one = extend_one or (lambda ids: model(ids, cache=cache)[0])
+        self.device = next(model.parameters()).device  # where the ids go
 
     @property
     def empty(self) -> bool:

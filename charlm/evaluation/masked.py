@@ -11,7 +11,7 @@ import torch
 from charlm.data.corpus import IGNORE
 from charlm.data.masking import hide
 from charlm.hardware.device import autocast
-from charlm.models.encoder import EncoderOnly
+from charlm.models.encoder import Encoder
 
 EVAL_SEED = 0  # evaluations hide the same positions every time: a low-noise signal, as fixed windows are
 
@@ -36,7 +36,7 @@ class MaskedResult:
 
 @torch.no_grad()
 def masked_score(
-    model: EncoderOnly,
+    model: Encoder,
     ids: torch.Tensor,
     starts: torch.Tensor,
     device: torch.device,

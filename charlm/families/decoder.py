@@ -3,72 +3,82 @@ character, scored in nats per character, used to continue text."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import torch
 from torch import nn
 
 from charlm.config.schema import Config, ModelConfig
 from charlm.data.corpus import Corpus, RandomWindows, encode_compact, for_file, same_path, split_file
-from charlm.data.tokenizer import UnknownPolicy
+from charlm.data.tokenizer import Tokenizer, UnknownPolicy
 from charlm.decoding.steps import GraphRuntime, RuntimeCheck
-from charlm.errors import UsageError, shell_path
+from charlm.errors import UsageError
 from charlm.evaluation.loss import EvalResult, full_pass, windows_total
 from charlm.families.base import (
-    AnyCorpus,
+    DATA,
+    FOLDER,
+    CardFacts,
     Family,
     Loaded,
+    Quality,
     data_name,
-    num_params,
-    optimizer_name,
-    python_path,
+    parameters_row,
+    shape_row,
+    text_corpus,
+    training_row,
 )
 from charlm.families.losses import WindowLosses
 from charlm.hardware.distributed import Dist
-from charlm.models.decoder import GPT
+from charlm.models.decoder import Decoder
 from charlm.models.info import ModelInfo, decoder_info
 from charlm.models.onnx_graphs import Graph, decoder_graphs
 
 
-class DecoderFamily(Family):
+class DecoderFamily(Family[Corpus, Decoder]):
     name = "decoder"
     noun = "a decoder"
     does = "it continues text: charlm sample {ckpt} --prompt TEXT (generate() in Python)"
-    module_type = GPT
+    module_type = Decoder
     continues_text = True
 
-    def batches(self, config: Config, corpus: AnyCorpus, device: torch.device, seed: int) -> RandomWindows:
+    def corpus(
+        self, config: Config, tokenizer: Tokenizer | None, say: Callable[[str], None], hint: str | None
+    ) -> Corpus:
+        return text_corpus(config, tokenizer, say, hint)
+
+    def batches(self, config: Config, corpus: Corpus, device: torch.device, seed: int) -> RandomWindows:
         tc = config.train
-        return RandomWindows(cast(Corpus, corpus).train, config.model.block_size, tc.batch_size, device, seed)
+        return RandomWindows(corpus.train, config.model.block_size, tc.batch_size, device, seed)
 
     def periodic_losses(
-        self, config: Config, corpus: AnyCorpus, device: torch.device, amp: torch.dtype | None, dist: Dist
+        self, config: Config, corpus: Corpus, device: torch.device, amp: torch.dtype | None, dist: Dist
     ) -> WindowLosses:
         T = config.model.block_size
 
         def score(model: nn.Module, ids: torch.Tensor, starts: torch.Tensor, device: torch.device, amp: Any) -> Any:
             return windows_total(model, ids, starts, T, device, amp_dtype=amp)
 
-        return WindowLosses(config, cast(Corpus, corpus), device, amp, dist, score)
+        return WindowLosses(config, corpus, device, amp, dist, score)
 
     def final_pass(
-        self, model: nn.Module, corpus: AnyCorpus, config: Config, device: torch.device, amp: torch.dtype | None
+        self, model: Decoder, corpus: Corpus, config: Config, device: torch.device, amp: torch.dtype | None
     ) -> tuple[EvalResult, bool]:
-        val, whole = validation_ids(cast(Corpus, corpus), config)
+        val, whole = validation_ids(corpus, config)
         return full_pass(model, val, config.model.block_size, device, amp_dtype=amp), whole
 
     def info(self, config: ModelConfig, vocab_size: int) -> ModelInfo:
         return decoder_info(config, vocab_size)
 
-    def as_decoder(self, loaded: Loaded) -> GPT:
-        return cast(GPT, loaded.module)
+    def as_decoder(self, loaded: Loaded) -> Decoder:
+        return loaded.module
 
-    def attention_module(self, loaded: Loaded) -> GPT:
+    def attention_module(self, loaded: Loaded) -> Decoder:
         return self.as_decoder(loaded)
 
-    def onnx_graphs(self, module: nn.Module) -> list[Graph]:
-        return decoder_graphs(cast(GPT, module))
+    def onnx_graphs(self, module: Decoder) -> list[Graph]:
+        return decoder_graphs(module)
 
     def onnx_check(self, loaded: Loaded, runtime: GraphRuntime) -> RuntimeCheck:
         from charlm.families.onnx_checks import decoder_check
@@ -82,7 +92,7 @@ class DecoderFamily(Family):
         keys = ("unknown", "replace_with", "batch_size", "stride")
         return evaluate_text(loaded, path, split, **{k: options[k] for k in keys if k in options})
 
-    def card(self, loaded: Loaded, steps: int, folder: Path, files: str) -> str:
+    def card_facts(self, loaded: Loaded, steps: int) -> CardFacts:
         try:
             scores: dict[str, Any] | None = evaluate_text(loaded).to_dict()
         except UsageError:  # the training corpus is not here: the card says so
@@ -92,7 +102,7 @@ class DecoderFamily(Family):
 
         options = DecodeOptions.from_config(loaded.config.sample, max_new_tokens=300, seed=1)
         text = sample(self.as_decoder(loaded), loaded.tokenizer, loaded.encode_prompt("\n"), options).samples[0]
-        return decoder_card(loaded, steps, scores, text.strip("\n"), folder, files)
+        return decoder_facts(loaded, steps, scores, text.strip("\n"))
 
 
 def validation_ids(corpus: Corpus, config: Config) -> tuple[torch.Tensor, bool]:
@@ -148,49 +158,45 @@ def names_a_file(value: str | Path) -> bool:
     return isinstance(value, Path) or (value != "" and "\n" not in value and len(value) < 4096 and Path(value).exists())
 
 
-def decoder_card(
-    loaded: Loaded, steps: int, scores: dict[str, float] | None, sample: str, folder: Path, files: str
-) -> str:
-    m, t = loaded.config.model, loaded.config.train
-    data, unit = data_name(loaded.config), loaded.tokenizer.unit
-    symbols = "bytes" if unit == "byte" else "characters"
+def decoder_facts(loaded: Loaded, steps: int, scores: dict[str, float] | None, sample: str) -> CardFacts:
+    """A decoder's card: its shape and parts, its validation loss, and a sample."""
+    m, unit = loaded.config.model, loaded.tokenizer.unit
+    vocab, symbols = loaded.tokenizer.vocab_size, "bytes" if unit == "byte" else "characters"
     quality = (
-        f"validation pass: **{scores['loss']:.4f} nats/{unit}, {scores['bpc']:.4f} bits/{unit}** "
-        f"(perplexity {scores['perplexity']:.3f}) on the validation split of `{data}`"
+        Quality(
+            "validation pass: ",
+            f"{scores['loss']:.4f} nats/{unit}, {scores['bpc']:.4f} bits/{unit}",
+            f" (perplexity {scores['perplexity']:.3f}) on the validation split of {DATA}",
+        )
         if scores
-        else f"not measured here: the training corpus `{data}` was not found at export time"
+        else None
     )
-    return f"""# charlm character-level language model
-
-A decoder-only Transformer over {loaded.tokenizer.vocab_size} {symbols}, trained with charlm on `{data}`.
-
-| | |
-|---|---|
-| shape | {m.n_layer} layers, {m.n_head} heads, {m.n_embd} wide, context {m.block_size} characters |
-| parts | {m.pos_encoding} positions, {m.norm} ({m.norm_position}), {m.activation} feed-forward x{m.ffn_mult:g}, \\
-{"tied" if m.tie_weights else "untied"} head |
-| parameters | {num_params(loaded.module):,} |
-| training | {steps:,} steps of batch {t.batch_size} x {t.grad_accum}, {optimizer_name(t)} ({t.lr_schedule}) |
-| quality | {quality} |
-
-## Use it
-
-```bash
-charlm sample {shell_path(folder)} --prompt "JULIET:" --seed 1
-charlm eval {shell_path(folder)} --data input.txt
-```
-
-```python
-import charlm
-model = charlm.load({python_path(folder)})
-print(model.generate("JULIET:", max_new_tokens=200, seed=1))
-```
-
-{files}
-
-## A sample (seed 1, temperature {loaded.config.sample.temperature:g})
-
-```text
-{sample}
-```
-"""
+    # The row is broken by a backslash and a newline, as cards have been written since the first: kept so that an
+    # export's card stays byte for byte what it was.
+    parts = (
+        f"{m.pos_encoding} positions, {m.norm} ({m.norm_position}), {m.activation} feed-forward x{m.ffn_mult:g}, "
+        f"\\\n{'tied' if m.tie_weights else 'untied'} head"
+    )
+    return CardFacts(
+        title="character-level language model",
+        data=data_name(loaded.config),
+        summary=f"A decoder-only Transformer over {vocab} {symbols}, trained with charlm on {DATA}.",
+        rows=(
+            shape_row(m),
+            ("parts", parts),
+            parameters_row(loaded),
+            training_row(loaded.config.train, steps),
+        ),
+        quality=quality,
+        data_missing=f"the training corpus {DATA} was",
+        commands=(
+            f'charlm sample {FOLDER} --prompt "JULIET:" --seed 1',
+            f"charlm eval {FOLDER} --data input.txt",
+        ),
+        python=(
+            f"model = charlm.load({FOLDER})",
+            'print(model.generate("JULIET:", max_new_tokens=200, seed=1))',
+        ),
+        example_heading=f"A sample (seed 1, temperature {loaded.config.sample.temperature:g})",
+        example=sample,
+    )

@@ -3,9 +3,10 @@ well hidden characters are restored, used to fill blanks in a text."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from numbers import Integral
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import torch
 from torch import nn
@@ -13,25 +14,31 @@ from torch import nn
 from charlm.config.schema import Config, ModelConfig
 from charlm.data.corpus import Corpus, for_file, same_path, split_file
 from charlm.data.masking import MaskedWindows
+from charlm.data.tokenizer import Tokenizer
 from charlm.decoding.fill import fill
 from charlm.decoding.options import MAX_FILL_CANDIDATES
 from charlm.decoding.steps import GraphRuntime, RuntimeCheck
-from charlm.errors import UsageError, shell_path
+from charlm.errors import UsageError
 from charlm.evaluation.loss import EvalResult
 from charlm.evaluation.masked import MaskedResult, all_windows, masked_score
 from charlm.families.base import (
-    AnyCorpus,
+    DATA,
+    FOLDER,
+    CardFacts,
     Family,
+    InlineExample,
     Loaded,
+    Quality,
     data_name,
-    num_params,
-    optimizer_name,
-    python_path,
+    parameters_row,
+    shape_row,
+    text_corpus,
+    training_row,
 )
 from charlm.families.decoder import validation_ids
 from charlm.families.losses import WindowLosses
 from charlm.hardware.distributed import Dist
-from charlm.models.encoder import EncoderOnly
+from charlm.models.encoder import Encoder
 from charlm.models.info import ModelInfo, encoder_info
 from charlm.models.onnx_graphs import Graph, encoder_graphs
 
@@ -40,40 +47,45 @@ class EncoderFamily(Family):
     name = "encoder"
     noun = "an encoder"
     does = "it restores hidden characters: charlm fill {ckpt} --prompt 'ROM_O' (fill() in Python)"
-    module_type = EncoderOnly
+    module_type = Encoder
     scored_by = "an encoder is scored on hidden characters: use evaluate_masked() (charlm eval does)"
 
-    def batches(self, config: Config, corpus: AnyCorpus, device: torch.device, seed: int) -> MaskedWindows:
+    def corpus(
+        self, config: Config, tokenizer: Tokenizer | None, say: Callable[[str], None], hint: str | None
+    ) -> Corpus:
+        return text_corpus(config, tokenizer, say, hint)
+
+    def batches(self, config: Config, corpus: Corpus, device: torch.device, seed: int) -> MaskedWindows:
         T, V = config.model.block_size, corpus.tokenizer.vocab_size
-        return MaskedWindows(cast(Corpus, corpus).train, T, config.train.batch_size, device, seed, V)
+        return MaskedWindows(corpus.train, T, config.train.batch_size, device, seed, V)
 
     def periodic_losses(
-        self, config: Config, corpus: AnyCorpus, device: torch.device, amp: torch.dtype | None, dist: Dist
+        self, config: Config, corpus: Corpus, device: torch.device, amp: torch.dtype | None, dist: Dist
     ) -> WindowLosses:
         def score(model: nn.Module, ids: torch.Tensor, starts: torch.Tensor, device: torch.device, amp: Any) -> Any:
-            total, _, count = masked_score(cast(EncoderOnly, model), ids, starts, device, amp_dtype=amp)
+            total, _, count = masked_score(self.own(model), ids, starts, device, amp_dtype=amp)
             return total, count  # the loss of restoring hidden characters, hidden alike each time
 
-        return WindowLosses(config, cast(Corpus, corpus), device, amp, dist, score)
+        return WindowLosses(config, corpus, device, amp, dist, score)
 
     def final_pass(
-        self, model: nn.Module, corpus: AnyCorpus, config: Config, device: torch.device, amp: torch.dtype | None
+        self, model: Encoder, corpus: Corpus, config: Config, device: torch.device, amp: torch.dtype | None
     ) -> tuple[EvalResult, bool]:
-        val, whole = validation_ids(cast(Corpus, corpus), config)  # every whole window, its characters hidden alike
-        total, _, count = masked_score(cast(EncoderOnly, model), val, all_windows(val, config.model.block_size), device)
+        val, whole = validation_ids(corpus, config)  # every whole window, its characters hidden alike
+        total, _, count = masked_score(model, val, all_windows(val, config.model.block_size), device)
         return EvalResult(total / max(count, 1), count, "val", config.data.path), whole
 
     def info(self, config: ModelConfig, vocab_size: int) -> ModelInfo:
         return encoder_info(config, vocab_size)
 
-    def as_encoder(self, loaded: Loaded) -> EncoderOnly:
-        return cast(EncoderOnly, loaded.module)
+    def as_encoder(self, loaded: Loaded) -> Encoder:
+        return loaded.module
 
-    def attention_module(self, loaded: Loaded) -> EncoderOnly:
+    def attention_module(self, loaded: Loaded) -> Encoder:
         return self.as_encoder(loaded)  # full attention: every character sees every other
 
-    def onnx_graphs(self, module: nn.Module) -> list[Graph]:
-        return encoder_graphs(cast(EncoderOnly, module))
+    def onnx_graphs(self, module: Encoder) -> list[Graph]:
+        return encoder_graphs(module)
 
     def onnx_check(self, loaded: Loaded, runtime: GraphRuntime) -> RuntimeCheck:
         from charlm.families.onnx_checks import encoder_check
@@ -85,16 +97,16 @@ class EncoderFamily(Family):
             raise UsageError("--stride and --beam are not for an encoder: it is scored on hidden characters")
         return evaluate_masked(loaded, data, split)
 
-    def card(self, loaded: Loaded, steps: int, folder: Path, files: str) -> str:
+    def card_facts(self, loaded: Loaded, steps: int) -> CardFacts:
         try:
             scores: dict[str, Any] | None = evaluate_masked(loaded).to_dict()
         except UsageError:  # the training corpus is not here: the card says so
             scores = None
         try:
-            example = fill_blanks(loaded, "ROM_O AND JUL_ET")["text"]
+            example = fill_blanks(loaded, CARD_PROMPT)["text"]
         except UsageError:  # characters it has never seen, or a context shorter than the example
             example = ""
-        return encoder_card(loaded, steps, scores, example, folder, files)
+        return encoder_facts(loaded, steps, scores, example)
 
 
 def fill_blanks(loaded: Loaded, text: str, mask_char: str = "_", top: int = 5) -> dict[str, Any]:
@@ -152,41 +164,38 @@ def evaluate_masked(loaded: Loaded, path: str | Path | None = None, split: str |
     return MaskedResult(total / count, right / count, count, split, split_file(data, split))
 
 
-def encoder_card(
-    loaded: Loaded, steps: int, scores: dict[str, Any] | None, example: str, folder: Path, files: str
-) -> str:
-    """The model card of an encoder: its shape, how well it restores hidden characters, and a filled example."""
-    m, t = loaded.config.model, loaded.config.train
-    data = data_name(loaded.config)
+CARD_PROMPT = "ROM_O AND JUL_ET"  # the text with blanks an encoder's card fills
+
+
+def encoder_facts(loaded: Loaded, steps: int, scores: dict[str, Any] | None, example: str) -> CardFacts:
+    """An encoder's card: its shape, how well it restores hidden characters, and a filled example."""
+    m = loaded.config.model
     quality = (
-        f"validation split of `{data}`: **{100 * scores['accuracy']:.2f}% of hidden characters restored** (15% of "
-        f"each window hidden), loss {scores['loss']:.4f} nats per hidden character"
+        Quality(
+            f"validation split of {DATA}: ",
+            f"{100 * scores['accuracy']:.2f}% of hidden characters restored",
+            f" (15% of each window hidden), loss {scores['loss']:.4f} nats per hidden character",
+        )
         if scores
-        else f"not measured here: the training corpus `{data}` was not found at export time"
+        else None
     )
-    filled = f"\n`ROM_O AND JUL_ET` is filled as `{example}`.\n" if example else ""
-    return f"""# charlm character-level encoder
-
-An encoder-only Transformer (BERT's masked-character objective) over {loaded.tokenizer.vocab_size} characters and a
-mask symbol, trained with charlm on `{data}`.
-
-| | |
-|---|---|
-| shape | {m.n_layer} layers, {m.n_head} heads, {m.n_embd} wide, context {m.block_size} characters |
-| training | {steps:,} steps of batch {t.batch_size} x {t.grad_accum}, {optimizer_name(t)} ({t.lr_schedule}) |
-| parameters | {num_params(loaded.module):,} |
-| quality | {quality} |
-{filled}
-## Use it
-
-```bash
-charlm fill {shell_path(folder)} --prompt "ROM_O AND JUL_ET"     # every _ filled at once, with the top candidates
-```
-
-```python
-import charlm
-print(charlm.load({python_path(folder)}).fill("ROM_O AND JUL_ET")["text"])
-```
-
-{files}
-"""
+    return CardFacts(
+        title="character-level encoder",
+        data=data_name(loaded.config),
+        summary=(
+            "An encoder-only Transformer (BERT's masked-character objective) over "
+            f"{loaded.tokenizer.vocab_size} characters and a\nmask symbol, trained with charlm on {DATA}."
+        ),
+        rows=(
+            shape_row(m),
+            training_row(loaded.config.train, steps),
+            parameters_row(loaded),
+        ),
+        quality=quality,
+        data_missing=f"the training corpus {DATA} was",
+        commands=(
+            f'charlm fill {FOLDER} --prompt "{CARD_PROMPT}"     # every _ filled at once, with the top candidates',
+        ),
+        python=(f'print(charlm.load({FOLDER}).fill("{CARD_PROMPT}")["text"])',),
+        inline_example=InlineExample(CARD_PROMPT, "is filled as", example) if example else None,
+    )

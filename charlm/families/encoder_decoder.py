@@ -1,14 +1,13 @@
 """The encoder-decoder family (model.arch: encoder-decoder): the original Transformer trained on source<TAB>target
-lines to rewrite a source string into its target, scored by exact match and error rates, used to transduce."""
+lines to rewrite a source string into its target, scored by exact match and error rates."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import torch
-from torch import nn
 
 from charlm.config.schema import Config, ModelConfig
 from charlm.data.corpus import for_file, same_path, split_file
@@ -18,23 +17,27 @@ from charlm.data.tokenizer import (
     SPECIAL_CHARS,
     SPECIAL_CODES,
     UNKNOWN_CHAR,
+    Tokenizer,
     UnknownPolicy,
     refuse_special_replacement,
 )
 from charlm.decoding.options import DecodeOptions, field_name
+from charlm.decoding.rewrite import rewrite
 from charlm.decoding.steps import GraphRuntime, Models, RuntimeCheck, members
-from charlm.decoding.transduce import transduce
-from charlm.errors import UsageError, shell_path
+from charlm.errors import UsageError
 from charlm.evaluation.loss import EvalResult
 from charlm.evaluation.transduction import TransductionResult, pairs_total, score_pairs
 from charlm.families.base import (
-    AnyCorpus,
+    DATA,
+    FOLDER,
+    CardFacts,
     Family,
     Loaded,
+    Quality,
     data_name,
-    num_params,
-    optimizer_name,
-    python_path,
+    parameters_row,
+    shape_row,
+    training_row,
 )
 from charlm.families.losses import PairLosses
 from charlm.hardware.distributed import Dist
@@ -43,7 +46,7 @@ from charlm.models.info import ModelInfo, encoder_decoder_info
 from charlm.models.onnx_graphs import Graph, encoder_decoder_graphs
 
 
-class EncoderDecoderFamily(Family):
+class EncoderDecoderFamily(Family[PairCorpus, EncoderDecoder]):
     name = "encoder-decoder"
     noun = "an encoder-decoder"
     does = "it rewrites a source string: charlm sample {ckpt} --prompt SOURCE (transduce() in Python)"
@@ -51,30 +54,36 @@ class EncoderDecoderFamily(Family):
     rewrites_sources = True
     scored_by = "an encoder-decoder is scored on pairs: use evaluate_pairs() (charlm eval does)"
 
-    def batches(self, config: Config, corpus: AnyCorpus, device: torch.device, seed: int) -> PairBatches:
+    data_noun = "lines"
+
+    def corpus(
+        self, config: Config, tokenizer: Tokenizer | None, say: Callable[[str], None], hint: str | None
+    ) -> PairCorpus:
+        return PairCorpus.from_config(config.data, config.model.block_size, tokenizer, say, hint or "")
+
+    def batches(self, config: Config, corpus: PairCorpus, device: torch.device, seed: int) -> PairBatches:
         unknown_id = getattr(corpus.tokenizer, "stoi", {}).get(UNKNOWN_CHAR)  # pairs are read as characters
-        pairs = cast(PairCorpus, corpus).train
-        return PairBatches(pairs, config.train.batch_size, device, seed, unknown_id, config.data.unknown_dropout)
+        tc, dropout = config.train, config.data.unknown_dropout
+        return PairBatches(corpus.train, tc.batch_size, device, seed, unknown_id, dropout)
 
     def periodic_losses(
-        self, config: Config, corpus: AnyCorpus, device: torch.device, amp: torch.dtype | None, dist: Dist
+        self, config: Config, corpus: PairCorpus, device: torch.device, amp: torch.dtype | None, dist: Dist
     ) -> PairLosses:
-        return PairLosses(config, cast(PairCorpus, corpus), device, amp, dist)
+        return PairLosses(config, corpus, device, amp, dist)
 
     def final_pass(
-        self, model: nn.Module, corpus: AnyCorpus, config: Config, device: torch.device, amp: torch.dtype | None
+        self, model: EncoderDecoder, corpus: PairCorpus, config: Config, device: torch.device, amp: torch.dtype | None
     ) -> tuple[EvalResult, bool]:
-        total, count = pairs_total(model, cast(PairCorpus, corpus).val, device, amp_dtype=amp)  # every target char
+        total, count = pairs_total(model, corpus.val, device, amp_dtype=amp)  # every target character
         return EvalResult(total / count, count, "val", config.data.path), True
 
     def info(self, config: ModelConfig, vocab_size: int) -> ModelInfo:
         return encoder_decoder_info(config, vocab_size)
 
     def as_encoder_decoder(self, loaded: Loaded) -> EncoderDecoder:
-        return cast(EncoderDecoder, loaded.module)
+        return loaded.module
 
-    def onnx_graphs(self, module: nn.Module) -> list[Graph]:
-        model = cast(EncoderDecoder, module)
+    def onnx_graphs(self, model: EncoderDecoder) -> list[Graph]:
         if not model.config.cross_attention:
             raise UsageError(
                 "model.cross_attention=false: this decoder never reads the encoder, so there is no encoder graph to "
@@ -93,22 +102,22 @@ class EncoderDecoderFamily(Family):
         keys = ("beam", "batch_size", "unknown", "replace_with", "ensemble")
         return evaluate_pairs(loaded, data, split, **{k: options[k] for k in keys if k in options})
 
-    def card(self, loaded: Loaded, steps: int, folder: Path, files: str) -> str:
+    def card_facts(self, loaded: Loaded, steps: int) -> CardFacts:
         data = loaded.config.data
         try:
             corpus = PairCorpus.from_config(data, loaded.config.model.block_size, loaded.tokenizer)
         except UsageError:  # the training pairs are not here: the card says so
-            return transducer_card(loaded, steps, None, [], folder, files)
+            return encoder_decoder_facts(loaded, steps, None, [])
         sources = [loaded.tokenizer.decode(s) for s, _ in corpus.val[:5]]
-        examples = list(zip(sources, transduce_sources(loaded, sources), strict=True))
+        examples = list(zip(sources, rewrite_sources(loaded, sources), strict=True))
         scores = evaluate_pairs(loaded).to_dict()
-        return transducer_card(loaded, steps, scores, examples, folder, files)
+        return encoder_decoder_facts(loaded, steps, scores, examples)
 
 
 Rewrite = Callable[[list[list[int]], DecodeOptions], list[list[int]]]  # sources' ids, options -> targets' ids
 
 
-def transduce_sources(
+def rewrite_sources(
     loaded: Loaded,
     sources: list[str],
     options: DecodeOptions | None = None,
@@ -118,16 +127,16 @@ def transduce_sources(
 ) -> list[str]:
     """charlm.Model.rewrite: each source's target as `options` say (default greedy, up to the context), decoded by
     the model's own runtime; with `ensemble`, by this model and those together."""
-    rewrite: Rewrite = loaded.rewriter(ensemble)  # first: it refuses what its runtime cannot do
+    rewrite_ids: Rewrite = loaded.rewriter(ensemble)  # first: it refuses what its runtime cannot do
     ids = [encode_source(loaded, s, unknown, replace_with) for s in sources]
     options = options or DecodeOptions(temperature=0.0, max_new_tokens=loaded.config.model.block_size)
-    return [loaded.tokenizer.decode(t) for t in rewrite(ids, options.checked(field_name))]
+    return [loaded.tokenizer.decode(t) for t in rewrite_ids(ids, options.checked(field_name))]
 
 
 def torch_rewriter(loaded: Loaded, ensemble: Sequence[Loaded] = ()) -> Rewrite:
     """How a torch model rewrites sources (with `ensemble`, together with those models)."""
     models = ensemble_models(loaded, ensemble)
-    return lambda ids, options: transduce(models, ids, options)
+    return lambda ids, options: rewrite(models, ids, options)
 
 
 def ensemble_models(loaded: Loaded, ensemble: Sequence[Loaded] = ()) -> Models:
@@ -182,7 +191,7 @@ def transduction_attention(loaded: Loaded, source: str, unknown: UnknownPolicy =
     """charlm.Model.transduction_attention: the maps of a source and its greedy target."""
     module = loaded.family.as_encoder_decoder(loaded)
     src = encode_source(loaded, source, unknown)
-    target = loaded.tokenizer.encode(transduce_sources(loaded, [source])[0])
+    target = loaded.tokenizer.encode(rewrite_sources(loaded, [source])[0])
     device = loaded.device
     maps = module.attention_weights(torch.tensor([src], device=device), torch.tensor([[BOS, *target]], device=device))
     decode = loaded.tokenizer.decode
@@ -194,6 +203,20 @@ def transduction_attention(loaded: Loaded, source: str, unknown: UnknownPolicy =
 
 
 PairScorer = Callable[[list[Pair], DecodeOptions, int], TransductionResult]  # pairs, options, batch size
+
+
+def torch_scorer(loaded: Loaded, ensemble: Sequence[Loaded] = ()) -> PairScorer:
+    """How a torch model scores pairs (with `ensemble`, together with those models): the teacher-forced loss and the
+    decoded targets, with the linear kernels its run scored with."""
+    models = ensemble_models(loaded, ensemble)
+
+    def score(scored: list[Pair], options: DecodeOptions, batch_size: int) -> TransductionResult:
+        with loaded.scoring_kernels():
+            decode = loaded.tokenizer.decode
+            by_models = lambda sources: rewrite(models, sources, options)  # noqa: E731
+            return score_pairs(members(models), decode, scored, by_models, options.beam, batch_size)
+
+    return score
 
 
 def evaluate_pairs(
@@ -211,8 +234,8 @@ def evaluate_pairs(
     default: replaced by the unknown symbol where the model learned one, data.unknown_dropout, else refused).
     The chosen pairs are scored by the model's pair_scorer (the torch model's own score_pairs unless it gives one);
     with `ensemble`, by this model and those together (their mean log-probabilities)."""
-    scorer: PairScorer | None = loaded.pair_scorer(beam)
-    models = ensemble_models(loaded, ensemble) if scorer is None or ensemble else None  # refused on onnxruntime
+    own_scorer: PairScorer | None = None if ensemble else loaded.pair_scorer(beam)  # an export's own, or torch's:
+    scorer = own_scorer if own_scorer is not None else torch_scorer(loaded, ensemble)  # (an ensemble needs torch)
     own = loaded.config.data.path
     given = str(path) if path is not None else own
     split = split or ("val" if same_path(given, own) else "all")
@@ -228,12 +251,7 @@ def evaluate_pairs(
     if not scored:
         raise UsageError(f"the {split} split of {given} holds no line to score (--unknown skip left them all out?)")
     options = DecodeOptions(beam=beam, batch_size=batch_size, temperature=0.0, max_new_tokens=room).checked(field_name)
-    if models is not None:
-        with loaded.scoring_kernels():
-            rewrite = lambda sources: transduce(models, sources, options)  # noqa: E731
-            result = score_pairs(members(models), loaded.tokenizer.decode, scored, rewrite, beam, batch_size)
-    else:  # an ONNX export's own scorer
-        result = cast(PairScorer, scorer)(scored, options, batch_size)
+    result = scorer(scored, options, batch_size)
     result.split, result.file = split, split_file(data, split)
     unseen = corpus.unknown_counts.get(result.file)
     if unseen is not None:
@@ -242,70 +260,44 @@ def evaluate_pairs(
     return result
 
 
-def transducer_card(
-    loaded: Loaded,
-    steps: int,
-    scores: dict[str, Any] | None,
-    examples: list[tuple[str, str]],
-    folder: Path,
-    files: str,
-) -> str:
-    """The model card of an encoder-decoder: its shape, its validation figures, and a few of its rewrites."""
-    m, t = loaded.config.model, loaded.config.train
-    data = data_name(loaded.config)
-    quality = (
-        f"validation split of `{data}`, greedy: **exact match {100 * scores['exact_match']:.2f}%**, character error "
-        f"rate {100 * scores['char_error_rate']:.2f}%"
-        + (
-            f", token error rate {100 * scores['token_error_rate']:.2f}%"
-            if scores["token_error_rate"] is not None
-            else ""
+def encoder_decoder_facts(
+    loaded: Loaded, steps: int, scores: dict[str, Any] | None, examples: list[tuple[str, str]]
+) -> CardFacts:
+    """An encoder-decoder's card: its shape, its validation figures, and a few of its rewrites."""
+    m = loaded.config.model
+    quality = None
+    if scores:
+        tokens = scores["token_error_rate"]  # None where the targets have no whitespace-separated tokens
+        quality = Quality(
+            f"validation split of {DATA}, greedy: ",
+            f"exact match {100 * scores['exact_match']:.2f}%",
+            f", character error rate {100 * scores['char_error_rate']:.2f}%"
+            + (f", token error rate {100 * tokens:.2f}%" if tokens is not None else "")
+            + f"; target loss {scores['loss']:.4f} nats/char",
         )
-        + f"; target loss {scores['loss']:.4f} nats/char"
-        if scores
-        else f"not measured here: the training pairs `{data}` were not found at export time"
-    )
-    shape = (
-        f"{m.n_encoder_layer or m.n_layer} encoder + {m.n_layer} decoder layers, {m.n_head} heads, {m.n_embd} wide, "
-        f"context {m.block_size} characters"
-    )
+    shape = shape_row(m, f"{m.n_encoder_layer or m.n_layer} encoder + {m.n_layer} decoder layers")
     parts = (
         f"{m.pos_encoding} positions, {m.norm} ({m.norm_position}), {m.activation} feed-forward x{m.ffn_mult:g}, "
         f"{'shared' if m.share_embeddings else 'separate'} source/target embeddings, "
         f"{'tied' if m.tie_weights else 'untied'} head"
     )
-    rows = "\n".join(f"{source}\t{target}" for source, target in examples) or "(no validation pairs at export time)"
-    return f"""# charlm character-level encoder-decoder
-
-An encoder-decoder Transformer rewriting a source string into a target string, over {loaded.tokenizer.vocab_size}
-characters (ids 0, 1, 2: padding, start, end), trained with charlm on the pairs of `{data}`.
-
-| | |
-|---|---|
-| shape | {shape} |
-| parts | {parts} |
-| parameters | {num_params(loaded.module):,} |
-| training | {steps:,} steps of batch {t.batch_size} x {t.grad_accum}, {optimizer_name(t)} ({t.lr_schedule}) |
-| quality | {quality} |
-
-## Use it
-
-```bash
-charlm sample {shell_path(folder)} --prompt "SOURCE"            # greedy; --beam 5 for beam search
-charlm sample {shell_path(folder)} --prompt-file words.txt      # source<TAB>target for every line
-```
-
-```python
-import charlm
-model = charlm.load({python_path(folder)})
-print(model.transduce("SOURCE", beam=5))
-```
-
-{files}
-
-## Some validation sources and what it makes of them (greedy)
-
-```text
-{rows}
-```
-"""
+    return CardFacts(
+        title="character-level encoder-decoder",
+        data=data_name(loaded.config),
+        summary=(
+            "An encoder-decoder Transformer rewriting a source string into a target string, over "
+            f"{loaded.tokenizer.vocab_size}\ncharacters (ids 0, 1, 2: padding, start, end), trained with charlm on "
+            f"the pairs of {DATA}."
+        ),
+        rows=(shape, ("parts", parts), parameters_row(loaded), training_row(loaded.config.train, steps)),
+        quality=quality,
+        data_missing=f"the training pairs {DATA} were",
+        commands=(
+            f'charlm sample {FOLDER} --prompt "SOURCE"            # greedy; --beam 5 for beam search',
+            f"charlm sample {FOLDER} --prompt-file words.txt      # source<TAB>target for every line",
+        ),
+        python=(f"model = charlm.load({FOLDER})", 'print(model.transduce("SOURCE", beam=5))'),
+        example_heading="Some validation sources and what it makes of them (greedy)",
+        example="\n".join(f"{source}\t{target}" for source, target in examples)
+        or "(no validation pairs at export time)",
+    )

@@ -7,7 +7,7 @@ from __future__ import annotations
 import weakref
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import torch
 from torch import nn
@@ -24,52 +24,71 @@ from charlm.data.lines import (
     known_items,
     numbered_items,
 )
-from charlm.data.tokenizer import BOS, EOS, PAD, SPECIAL_CHARS, SPECIAL_CODES, UnknownPolicy, refuse_special_replacement
+from charlm.data.tokenizer import (
+    BOS,
+    EOS,
+    PAD,
+    SPECIAL_CHARS,
+    SPECIAL_CODES,
+    Tokenizer,
+    UnknownPolicy,
+    refuse_special_replacement,
+)
 from charlm.decoding.generate import SampleResult
 from charlm.decoding.items import DrawnItem, ItemFrame, sample_items, sample_until
 from charlm.decoding.options import DecodeOptions
-from charlm.errors import UsageError, shell_path
+from charlm.errors import UsageError
 from charlm.evaluation.items import ItemsResult, item_logprobs, items_total, score_items
 from charlm.evaluation.loss import EvalResult
 from charlm.families.base import (
-    AnyCorpus,
+    DATA,
+    FOLDER,
+    CardFacts,
     Family,
     Loaded,
+    Quality,
     data_name,
-    num_params,
-    optimizer_name,
-    python_path,
+    parameters_row,
+    shape_row,
+    training_row,
 )
 from charlm.families.losses import RankShare
 from charlm.hardware.distributed import Dist
-from charlm.models.decoder import GPT
+from charlm.models.decoder import Decoder
 from charlm.models.info import ModelInfo, decoder_info
 
 END = "⟨end⟩"  # how the end symbol is shown where a character would be
 
 
-class LinesFamily(Family):
+class LinesFamily(Family[LineCorpus, Decoder]):
     """The decoder's module and shape; its own data, scores and uses."""
 
     name = "decoder"
-    noun = "a lines decoder"
+    noun = "a lines model"
     does = "it makes whole items, one per line: charlm sample {ckpt} --num-samples N (sample_items() in Python)"
-    module_type = GPT
+    module_type = Decoder
     makes_items = True
     scored_by = "a lines model is scored item by item: use score() (charlm eval) or score_items() (charlm score)"
 
-    def batches(self, config: Config, corpus: AnyCorpus, device: torch.device, seed: int) -> LineBatches:
-        return LineBatches(cast(LineCorpus, corpus).train, config.train.batch_size, device, seed)
+    data_noun = "items"
+
+    def corpus(
+        self, config: Config, tokenizer: Tokenizer | None, say: Callable[[str], None], hint: str | None
+    ) -> LineCorpus:
+        return LineCorpus.from_config(config.data, config.model.block_size, tokenizer, say, hint or "")
+
+    def batches(self, config: Config, corpus: LineCorpus, device: torch.device, seed: int) -> LineBatches:
+        return LineBatches(corpus.train, config.train.batch_size, device, seed)
 
     def periodic_losses(
-        self, config: Config, corpus: AnyCorpus, device: torch.device, amp: torch.dtype | None, dist: Dist
+        self, config: Config, corpus: LineCorpus, device: torch.device, amp: torch.dtype | None, dist: Dist
     ) -> ItemLosses:
-        return ItemLosses(config, cast(LineCorpus, corpus), device, amp, dist)
+        return ItemLosses(config, corpus, device, amp, dist)
 
     def final_pass(
-        self, model: nn.Module, corpus: AnyCorpus, config: Config, device: torch.device, amp: torch.dtype | None
+        self, model: Decoder, corpus: LineCorpus, config: Config, device: torch.device, amp: torch.dtype | None
     ) -> tuple[EvalResult, bool]:
-        total, count = items_total(model, cast(LineCorpus, corpus).val, device, amp_dtype=amp)  # every item whole
+        total, count = items_total(model, corpus.val, device, amp_dtype=amp)  # every item whole
         return EvalResult(total / count, count, "val", config.data.path), True
 
     def score(self, loaded: Loaded, data: str | None, split: str | None, options: dict[str, Any]) -> ItemsResult:
@@ -90,13 +109,13 @@ class LinesFamily(Family):
     def onnx_check(self, loaded: Loaded, runtime: Any) -> Any:
         return self.onnx_graphs(loaded.module)
 
-    def as_decoder(self, loaded: Loaded) -> GPT:
-        return cast(GPT, loaded.module)
+    def as_decoder(self, loaded: Loaded) -> Decoder:
+        return loaded.module
 
-    def as_lines(self, loaded: Loaded) -> GPT:
+    def as_lines(self, loaded: Loaded) -> Decoder:
         return self.as_decoder(loaded)
 
-    def attention_module(self, loaded: Loaded) -> GPT:
+    def attention_module(self, loaded: Loaded) -> Decoder:
         return self.as_decoder(loaded)
 
     def item_frame(self, loaded: Loaded) -> ItemFrame:
@@ -134,14 +153,14 @@ class LinesFamily(Family):
             raise UsageError(f"an item holds at most {item_room(loaded.config.model.block_size)} characters")
         return item_surprisal(self.as_lines(loaded), loaded, ids)
 
-    def card(self, loaded: Loaded, steps: int, folder: Path, files: str) -> str:
+    def card_facts(self, loaded: Loaded, steps: int) -> CardFacts:
         try:
             scores: dict[str, Any] | None = evaluate_items(loaded).to_dict()
         except UsageError:  # the training list is not here: the card says so
             scores = None
         options = DecodeOptions.from_config(loaded.config.sample, num_samples=10, seed=1)
         items = self.sample(loaded, [], options).samples
-        return lines_card(loaded, steps, scores, items, folder, files)
+        return lines_facts(loaded, steps, scores, items)
 
 
 class ItemLosses(RankShare):
@@ -161,7 +180,7 @@ class ItemLosses(RankShare):
 
 
 @torch.no_grad()
-def item_surprisal(module: GPT, loaded: Loaded, ids: list[int]) -> tuple[list[str], list[float | None]]:
+def item_surprisal(module: Decoder, loaded: Loaded, ids: list[int]) -> tuple[list[str], list[float | None]]:
     x = torch.tensor([[BOS, *ids]], device=loaded.device)
     logits = module(x)[0][0].float()  # (T, V)
     nats = torch.nn.functional.cross_entropy(logits, torch.tensor([*ids, EOS], device=loaded.device), reduction="none")
@@ -212,12 +231,8 @@ def evaluate_items(
     return result
 
 
-def read_candidates(source: str) -> tuple[str, str]:
-    """The text of a file to score (- reads standard input), and how messages name it."""
-    import sys
-
-    if source == "-":
-        return decode_utf8(sys.stdin.buffer.read(), "standard input"), "standard input"
+def read_candidates(source: str | Path) -> tuple[str, str]:
+    """The text of a file to score, and how messages name it (`charlm score -` reads standard input itself)."""
     path = Path(source)
     if not path.is_file():
         problem = "is a directory" if path.is_dir() else "not found"
@@ -333,49 +348,39 @@ def run_items(loaded: Loaded, novel: bool = False) -> KnownItems:
 _READ: weakref.WeakKeyDictionary[Any, KnownItems] = weakref.WeakKeyDictionary()
 
 
-def lines_card(
-    loaded: Loaded, steps: int, scores: dict[str, Any] | None, items: list[str], folder: Path, files: str
-) -> str:
-    m, t = loaded.config.model, loaded.config.train
-    data = data_name(loaded.config)
+def lines_facts(loaded: Loaded, steps: int, scores: dict[str, Any] | None, items: list[str]) -> CardFacts:
+    """A lines model's card: its shape, its loss per character and per item, and ten items it made."""
+    m = loaded.config.model
     quality = (
-        f"validation split of `{data}`: **{scores['loss']:.4f} nats per character** (each item's end symbol "
-        f"counted), {scores['bpc']:.4f} bits; mean log-likelihood {scores['mean_logprob']:.3f} nats per item"
+        Quality(
+            f"validation split of {DATA}: ",
+            f"{scores['loss']:.4f} nats per character",
+            f" (each item's end symbol counted), {scores['bpc']:.4f} bits; mean log-likelihood "
+            f"{scores['mean_logprob']:.3f} nats per item",
+        )
         if scores
-        else f"not measured here: the training list `{data}` was not found at export time"
+        else None
     )
-    shown = "\n".join(items)
-    return f"""# charlm model of item lists
-
-A decoder-only Transformer that makes more items like those of `{data}` (one per line), over
-{loaded.tokenizer.vocab_size - len(SPECIAL_CHARS)} characters and ids 0, 1, 2 (padding, start, end), trained with
-charlm.
-
-| | |
-|---|---|
-| shape | {m.n_layer} layers, {m.n_head} heads, {m.n_embd} wide, items of up to {item_room(m.block_size)} characters |
-| parameters | {num_params(loaded.module):,} |
-| training | {steps:,} steps of batch {t.batch_size} x {t.grad_accum} items, {optimizer_name(t)} ({t.lr_schedule}) |
-| quality | {quality} |
-
-## Use it
-
-```bash
-charlm sample {shell_path(folder)} --num-samples 20 --novel     # new items, in none of the run's files
-charlm score candidates.txt {shell_path(folder)} --sort         # rank your own candidates, one per line
-```
-
-```python
-import charlm
-model = charlm.load({python_path(folder)})
-print(model.generate("", seed=1))                   # one whole item; a prompt is its beginning
-```
-
-{files}
-
-## Ten items (seed 1, temperature {loaded.config.sample.temperature:g})
-
-```text
-{shown}
-```
-"""
+    shape = shape_row(m, reach=f"items of up to {item_room(m.block_size)} characters")  # less the start symbol
+    return CardFacts(
+        title="model of item lists",
+        data=data_name(loaded.config),
+        summary=(
+            f"A decoder-only Transformer that makes more items like those of {DATA} (one per line), over\n"
+            f"{loaded.tokenizer.vocab_size - len(SPECIAL_CHARS)} characters and ids 0, 1, 2 (padding, start, end), "
+            "trained with\ncharlm."
+        ),
+        rows=(shape, parameters_row(loaded), training_row(loaded.config.train, steps, " items")),
+        quality=quality,
+        data_missing=f"the training list {DATA} was",
+        commands=(
+            f"charlm sample {FOLDER} --num-samples 20 --novel     # new items, in none of the run's files",
+            f"charlm score candidates.txt {FOLDER} --sort         # rank your own candidates, one per line",
+        ),
+        python=(
+            f"model = charlm.load({FOLDER})",
+            'print(model.generate("", seed=1))                   # one whole item; a prompt is its beginning',
+        ),
+        example_heading=f"Ten items (seed 1, temperature {loaded.config.sample.temperature:g})",
+        example="\n".join(items),
+    )

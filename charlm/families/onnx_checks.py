@@ -12,11 +12,11 @@ from charlm.config.schema import ModelConfig
 from charlm.data.tokenizer import BOS, SPECIAL_CHARS
 from charlm.decoding.generate import ContextWindow, decode_text, generate_ids, sample, sample_graph
 from charlm.decoding.options import DecodeOptions
+from charlm.decoding.rewrite import rewrite, rewrite_graphs
 from charlm.decoding.steps import GraphRuntime, GraphTextSteps, RuntimeCheck
-from charlm.decoding.transduce import transduce, transduce_graphs
 from charlm.families.base import Loaded
-from charlm.models.decoder import GPT
-from charlm.models.encoder import EncoderOnly
+from charlm.models.decoder import Decoder
+from charlm.models.encoder import Encoder
 from charlm.models.encoder_decoder import EncoderDecoder
 
 GREEDY_CHARS = 200  # the greedy text compared, as `charlm sample --temperature 0 --max-new-tokens 200` writes it
@@ -28,7 +28,7 @@ def _random_ids(low: int, high: int, length: int, seed: int) -> torch.Tensor:
     return torch.randint(low, high, (length,), generator=generator)
 
 
-def decoder_check(loaded: Loaded, module: GPT, runtime: GraphRuntime) -> RuntimeCheck:
+def decoder_check(loaded: Loaded, module: Decoder, runtime: GraphRuntime) -> RuntimeCheck:
     """Logits along the greedy text and along a text of 2 x block_size + 5 random characters (prompted by a third
     of it, two rows: a batch), then the greedy text of GREEDY_CHARS characters from a newline."""
     config, tokenizer = loaded.config.model, loaded.tokenizer
@@ -51,7 +51,7 @@ def decoder_check(loaded: Loaded, module: GPT, runtime: GraphRuntime) -> Runtime
 
 
 def _teacher_diff(
-    module: GPT, runtime: GraphRuntime, config: ModelConfig, text: torch.Tensor, rows: int
+    module: Decoder, runtime: GraphRuntime, config: ModelConfig, text: torch.Tensor, rows: int
 ) -> tuple[float, int]:
     """The largest logit difference along `text` (rows copies of it), prompted by its first third, both runtimes fed
     the text's own next character at every step; and how many steps were compared."""
@@ -99,14 +99,14 @@ def encoder_decoder_check(loaded: Loaded, module: EncoderDecoder, runtime: Graph
         ours = module(src, tgt)[0].float()
     memory = runtime.encode(src)
     whole = runtime.target_step(tgt, 0, None, memory)[0]
-    stepped, state = [], None
+    one_by_one, state = [], None
     for t in range(tgt.size(1)):
         logits, state = runtime.target_step(tgt[:, t : t + 1], t, state, memory)
-        stepped.append(logits)
-    diff = max(float((ours - whole).abs().max()), float((ours - torch.cat(stepped, 1)).abs().max()))
+        one_by_one.append(logits)
+    diff = max(float((ours - whole).abs().max()), float((ours - torch.cat(one_by_one, 1)).abs().max()))
     options = DecodeOptions(temperature=0.0, max_new_tokens=block, seed=CHECK_SEED)
-    greedy = transduce(module, sources, options)
-    through = transduce_graphs(runtime, sources, options, block)
+    greedy = rewrite(module, sources, options)
+    through = rewrite_graphs(runtime, sources, options, block)
     pairs = enumerate(zip(greedy, through, strict=True))
     differs = next((f"source {i}: {a} in charlm's, {b} through the export" for i, (a, b) in pairs if a != b), "")
     return RuntimeCheck(
@@ -114,7 +114,7 @@ def encoder_decoder_check(loaded: Loaded, module: EncoderDecoder, runtime: Graph
     )
 
 
-def encoder_check(loaded: Loaded, module: EncoderOnly, runtime: GraphRuntime) -> RuntimeCheck:
+def encoder_check(loaded: Loaded, module: Encoder, runtime: GraphRuntime) -> RuntimeCheck:
     """Logits of three windows (a batch) with a fifth of their characters hidden, and the characters they restore."""
     V, block = loaded.tokenizer.vocab_size, loaded.config.model.block_size
     ids = _random_ids(0, V, 3 * block, 30).view(3, block)

@@ -9,8 +9,8 @@ from charlm.families.decoder import DecoderFamily
 from charlm.families.encoder import EncoderFamily
 from charlm.families.encoder_decoder import EncoderDecoderFamily
 from charlm.families.lines import LinesFamily
-from charlm.models.decoder import GPT
-from charlm.models.encoder import EncoderOnly
+from charlm.models.decoder import Decoder
+from charlm.models.encoder import Encoder
 from charlm.models.encoder_decoder import EncoderDecoder
 from charlm.models.info import ModelInfo
 
@@ -18,7 +18,7 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (DecoderFamily(), EncoderDecod
 # A decoder trained on another data format is a family of its own: same module, other batches, scores and uses.
 BY_FORMAT: dict[tuple[str, str], Family] = {("decoder", "lines"): LinesFamily()}
 
-AnyModel = GPT | EncoderDecoder | EncoderOnly
+AnyModel = Decoder | EncoderDecoder | Encoder
 
 
 def family(arch: str) -> Family:
@@ -33,7 +33,7 @@ def family_for(config: Config) -> Family:
 
 def build_model(config: ModelConfig, vocab_size: int) -> AnyModel:
     """A fresh model of config.arch (weights initialised as its class does)."""
-    return family(config.arch).build(config, vocab_size)  # type: ignore[return-value]
+    return family(config.arch).build(config, vocab_size)
 
 
 def model_info(config: ModelConfig, vocab_size: int) -> ModelInfo:

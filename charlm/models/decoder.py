@@ -20,7 +20,7 @@ from charlm.models.transformer import Transformer, absolute_positions, final_nor
 RELATIVE = ("rope", "alibi")  # encodings under which attention depends on distances only
 
 
-class GPT(Transformer):
+class Decoder(Transformer):
     """Token embedding (+ absolute positions), n_layer blocks, a final norm (pre-LN), and the output head."""
 
     def __init__(self, config: ModelConfig, vocab_size: int):

@@ -19,7 +19,7 @@ from charlm.models.layers import Dropout
 from charlm.models.transformer import Transformer, absolute_positions, final_norm, output_head, token_shift
 
 
-class EncoderOnly(Transformer):
+class Encoder(Transformer):
     """Token embedding (+ absolute positions), bidirectional blocks, a final norm (pre-LN), and the head."""
 
     def __init__(self, config: ModelConfig, vocab_size: int):

@@ -9,7 +9,7 @@ from charlm.models.layers import ffn_hidden, part_bias
 
 
 @dataclass
-class Row:
+class ComponentRow:
     component: str
     params: int
     formula: str
@@ -19,7 +19,7 @@ class Row:
 
 @dataclass
 class ModelInfo:
-    rows: list[Row]
+    rows: list[ComponentRow]
     n_layer: int
     total_params: int
     flops_per_token: int
@@ -60,22 +60,26 @@ def _feed_forward(config: ModelConfig) -> tuple[int, str, str]:
     return 2 * d * h + fb * (h + d), "2·d·d_ff + d_ff + d" if fb else "2·d·d_ff", name
 
 
-def _head(config: ModelConfig, V: int) -> Row:
+def _head(config: ModelConfig, V: int) -> ComponentRow:
     d, hb = config.n_embd, V if config.head_bias else 0
     if config.tie_weights:
-        return Row("output head (tied to the token embedding)", hb, "shares V·d" + (", + V bias" if hb else ""))
-    return Row("output head", d * V + hb, "d·V + V" if hb else "d·V")
+        return ComponentRow(
+            "output head (tied to the token embedding)", hb, "shares V·d" + (", + V bias" if hb else "")
+        )
+    return ComponentRow("output head", d * V + hb, "d·V + V" if hb else "d·V")
 
 
-def _token_shift(config: ModelConfig, stacks: tuple[str, ...] = ("layer",)) -> list[Row]:
+def _token_shift(config: ModelConfig, stacks: tuple[str, ...] = ("layer",)) -> list[ComponentRow]:
     """model.token_shift's mix and gate vectors: at the embeddings (each side's, for an encoder-decoder) and at each
     layer's self-attention input."""
     if not config.token_shift:
         return []
     d, sides = config.n_embd, len(stacks)
     embeddings = "token shift, embeddings (mix and gate" + (", each side)" if sides == 2 else ")")
-    rows = [Row(embeddings, 2 * sides * d, f"{2 * sides}·d")]
-    return rows + [Row("token shift, attention input (mix and gate)", 2 * d, "2·d", True, stack) for stack in stacks]
+    rows = [ComponentRow(embeddings, 2 * sides * d, f"{2 * sides}·d")]
+    return rows + [
+        ComponentRow("token shift, attention input (mix and gate)", 2 * d, "2·d", True, stack) for stack in stacks
+    ]
 
 
 def encoder_decoder_info(config: ModelConfig, vocab_size: int) -> ModelInfo:
@@ -86,29 +90,33 @@ def encoder_decoder_info(config: ModelConfig, vocab_size: int) -> ModelInfo:
     attn, attn_f = _attention(config)
     ffn, ffn_f, ffn_name = _feed_forward(config)
     shared = config.share_embeddings
-    rows = [Row("token embedding" + (" (sources and targets share it)" if shared else " (targets)"), V * d, "V·d")]
+    rows = [
+        ComponentRow("token embedding" + (" (sources and targets share it)" if shared else " (targets)"), V * d, "V·d")
+    ]
     if not shared:
-        rows.append(Row("source embedding", V * d, "V·d"))
+        rows.append(ComponentRow("source embedding", V * d, "V·d"))
     if config.pos_encoding == "learned":
-        rows.append(Row("positional embeddings (learned; encoder and decoder)", 2 * T * d, "2·block_size·d"))
+        rows.append(ComponentRow("positional embeddings (learned; encoder and decoder)", 2 * T * d, "2·block_size·d"))
     else:
-        rows.append(Row(f"positional encoding ({config.pos_encoding})", 0, "no parameters"))
+        rows.append(ComponentRow(f"positional encoding ({config.pos_encoding})", 0, "no parameters"))
     rows += _token_shift(config, ("encoder", "decoder"))
     rows += [
-        Row("self-attention Q/K/V/output (both ways, padding masked)", attn, attn_f, True, "encoder"),
-        Row(ffn_name, ffn, ffn_f, True, "encoder"),
-        Row(f"norms ({config.norm}, {config.norm_position})", 2 * norm, f"2·{norm_f}", True, "encoder"),
-        Row("self-attention Q/K/V/output (causal)", attn, attn_f, True, "decoder"),
+        ComponentRow("self-attention Q/K/V/output (both ways, padding masked)", attn, attn_f, True, "encoder"),
+        ComponentRow(ffn_name, ffn, ffn_f, True, "encoder"),
+        ComponentRow(f"norms ({config.norm}, {config.norm_position})", 2 * norm, f"2·{norm_f}", True, "encoder"),
+        ComponentRow("self-attention Q/K/V/output (causal)", attn, attn_f, True, "decoder"),
     ]
     n_norms = 3 if config.cross_attention else 2
     if config.cross_attention:
-        rows.append(Row("cross-attention Q (decoder), K/V (encoder), output", attn, attn_f, True, "decoder"))
-    rows.append(Row(ffn_name, ffn, ffn_f, True, "decoder"))
+        rows.append(ComponentRow("cross-attention Q (decoder), K/V (encoder), output", attn, attn_f, True, "decoder"))
+    rows.append(ComponentRow(ffn_name, ffn, ffn_f, True, "decoder"))
     rows.append(
-        Row(f"norms ({config.norm}, {config.norm_position})", n_norms * norm, f"{n_norms}·{norm_f}", True, "decoder")
+        ComponentRow(
+            f"norms ({config.norm}, {config.norm_position})", n_norms * norm, f"{n_norms}·{norm_f}", True, "decoder"
+        )
     )
     if config.norm_position == "pre":
-        rows.append(Row("final norms (encoder's output, decoder's)", 2 * norm, f"2·{norm_f}"))
+        rows.append(ComponentRow("final norms (encoder's output, decoder's)", 2 * norm, f"2·{norm_f}"))
     rows.append(_head(config, V))
     stacks = {"encoder": Le, "decoder": Ld}
     total = sum(r.params * (stacks[r.stack] if r.per_layer else 1) for r in rows)
@@ -126,19 +134,19 @@ def encoder_info(config: ModelConfig, vocab_size: int) -> ModelInfo:
     norm, norm_f = _norm(config)
     attn, attn_f = _attention(config)
     ffn, ffn_f, ffn_name = _feed_forward(config)
-    rows = [Row("token embedding (+ the mask symbol)", V * d, "(V + 1)·d")]
+    rows = [ComponentRow("token embedding (+ the mask symbol)", V * d, "(V + 1)·d")]
     if config.pos_encoding == "learned":
-        rows.append(Row("positional embedding (learned)", T * d, "block_size·d"))
+        rows.append(ComponentRow("positional embedding (learned)", T * d, "block_size·d"))
     else:
-        rows.append(Row(f"positional encoding ({config.pos_encoding})", 0, "no parameters"))
+        rows.append(ComponentRow(f"positional encoding ({config.pos_encoding})", 0, "no parameters"))
     rows += _token_shift(config)
     rows += [
-        Row("self-attention Q/K/V/output (both ways)", attn, attn_f, True),
-        Row(ffn_name, ffn, ffn_f, True),
-        Row(f"norms ({config.norm}, {config.norm_position})", 2 * norm, f"2·{norm_f}", True),
+        ComponentRow("self-attention Q/K/V/output (both ways)", attn, attn_f, True),
+        ComponentRow(ffn_name, ffn, ffn_f, True),
+        ComponentRow(f"norms ({config.norm}, {config.norm_position})", 2 * norm, f"2·{norm_f}", True),
     ]
     if config.norm_position == "pre":
-        rows.append(Row("final norm", norm, norm_f))
+        rows.append(ComponentRow("final norm", norm, norm_f))
     head = _head(config, V)
     head.formula = head.formula.replace("V", "(V + 1)")
     rows.append(head)
@@ -151,17 +159,17 @@ def decoder_info(config: ModelConfig, vocab_size: int) -> ModelInfo:
     d, L, V, T = config.n_embd, config.n_layer, vocab_size, config.block_size
     h = ffn_hidden(config)
     norm, norm_f = _norm(config)
-    rows = [Row("token embedding", V * d, "V·d")]
+    rows = [ComponentRow("token embedding", V * d, "V·d")]
     if config.pos_encoding == "learned":
-        rows.append(Row("positional embedding (learned)", T * d, "block_size·d"))
+        rows.append(ComponentRow("positional embedding (learned)", T * d, "block_size·d"))
     else:
-        rows.append(Row(f"positional encoding ({config.pos_encoding})", 0, "no parameters"))
+        rows.append(ComponentRow(f"positional encoding ({config.pos_encoding})", 0, "no parameters"))
     rows += _token_shift(config)
 
     qkv_b, proj_b, fb = (int(part_bias(config, part)) for part in ("qkv", "proj", "ffn"))
     attn = 4 * d * d + qkv_b * 3 * d + proj_b * d
     attn_f = "4·d²" + {4: " + 4·d", 3: " + 3·d", 1: " + d", 0: ""}[3 * qkv_b + proj_b]
-    rows.append(Row("attention Q/K/V/output", attn, attn_f, per_layer=True))
+    rows.append(ComponentRow("attention Q/K/V/output", attn, attn_f, per_layer=True))
     if config.activation == "swiglu":
         ffn, ffn_f = 3 * d * h + fb * (2 * h + d), "3·d·d_ff + 2·d_ff + d" if fb else "3·d·d_ff"
     else:
@@ -177,9 +185,9 @@ def decoder_info(config: ModelConfig, vocab_size: int) -> ModelInfo:
     ]
     E, k = config.n_experts, config.expert_top_k
     if E:
-        rows.append(Row(f"router ({E} experts)", d * E, "d·E", per_layer=True))
+        rows.append(ComponentRow(f"router ({E} experts)", d * E, "d·E", per_layer=True))
         rows.append(
-            Row(
+            ComponentRow(
                 f"feed-forward experts ({config.activation}, d_ff = {h}, top-{k} of {E})",
                 E * ffn,
                 f"E·({ffn_f})",
@@ -187,18 +195,20 @@ def decoder_info(config: ModelConfig, vocab_size: int) -> ModelInfo:
             )
         )
     else:
-        rows.append(Row(f"feed-forward ({config.activation}, d_ff = {h})", ffn, ffn_f, per_layer=True))
-    rows.append(Row(f"norms ({config.norm}, {config.norm_position})", 2 * norm, f"2·{norm_f}", per_layer=True))
+        rows.append(ComponentRow(f"feed-forward ({config.activation}, d_ff = {h})", ffn, ffn_f, per_layer=True))
+    rows.append(ComponentRow(f"norms ({config.norm}, {config.norm_position})", 2 * norm, f"2·{norm_f}", per_layer=True))
     if config.norm_position == "pre":
-        rows.append(Row("final norm", norm, norm_f))
+        rows.append(ComponentRow("final norm", norm, norm_f))
     hb = V if config.head_bias else 0
     if config.tie_weights:
-        rows.append(Row("output head (tied to the token embedding)", hb, "shares V·d" + (", + V bias" if hb else "")))
+        rows.append(
+            ComponentRow("output head (tied to the token embedding)", hb, "shares V·d" + (", + V bias" if hb else ""))
+        )
     else:
-        rows.append(Row("output head", d * V + hb, "d·V + V" if hb else "d·V"))
+        rows.append(ComponentRow("output head", d * V + hb, "d·V + V" if hb else "d·V"))
 
     if extras:  # options without parameters: named so that the table shows the whole recipe
-        rows.append(Row(", ".join(extras), 0, "no parameters"))
+        rows.append(ComponentRow(", ".join(extras), 0, "no parameters"))
     total = sum(r.params * (L if r.per_layer else 1) for r in rows)
     active = total - L * (E - k) * ffn if E else total  # per token, only k experts' weights are used
     # Matmul weights a token uses: embedding lookups cost no FLOPs, the head does (tied or not).

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from charlm.models.decoder import GPT
-from charlm.models.encoder import EncoderOnly
+from charlm.models.decoder import Decoder
+from charlm.models.encoder import Encoder
 from charlm.models.encoder_decoder import EncoderDecoder
 from charlm.models.kvcache import RowCache
 
@@ -87,7 +87,7 @@ STATE_IN = ["cache_k", "cache_v", "cache_pos"]
 STATE_OUT = ["new_cache_k", "new_cache_v", "new_cache_pos"]
 
 
-def empty_state(model: GPT | EncoderDecoder, batch: int, layers: int) -> list[torch.Tensor]:
+def empty_state(model: Decoder | EncoderDecoder, batch: int, layers: int) -> list[torch.Tensor]:
     """The state of a fresh text: every slot EMPTY, token shift's memory zeros (a text's first character has no
     predecessor)."""
     c = model.config
@@ -98,7 +98,7 @@ def empty_state(model: GPT | EncoderDecoder, batch: int, layers: int) -> list[to
     return state
 
 
-def _state_names(model: GPT | EncoderDecoder) -> tuple[list[str], list[str]]:
+def _state_names(model: Decoder | EncoderDecoder) -> tuple[list[str], list[str]]:
     shift = model.config.token_shift
     return STATE_IN + ["shift"] * shift, STATE_OUT + ["new_shift"] * shift
 
@@ -111,7 +111,7 @@ class DecoderStep(nn.Module):
     """The decoder's step: new ids (B, T) from position `start` (1,), and the state -> logits (B, T, V) and the
     next state."""
 
-    def __init__(self, model: GPT):
+    def __init__(self, model: Decoder):
         super().__init__()
         self.model = model
 
@@ -130,7 +130,7 @@ class DecoderStep(nn.Module):
         return (logits, *cache.state())
 
 
-def decoder_graphs(model: GPT) -> list[Graph]:
+def decoder_graphs(model: Decoder) -> list[Graph]:
     state_in, state_out = _state_names(model)
     ids = torch.zeros(2, 3, dtype=torch.long)  # two rows and three positions: torch.export specialises sizes of 1
     inputs = (ids, torch.zeros(1, dtype=torch.long), *empty_state(model, 2, model.config.n_layer))
@@ -218,7 +218,7 @@ def encoder_decoder_graphs(model: EncoderDecoder) -> list[Graph]:
 class MaskedLM(nn.Module):
     """The encoder: ids (B, T), hidden characters as the mask id -> logits (B, T, V + 1)."""
 
-    def __init__(self, model: EncoderOnly):
+    def __init__(self, model: Encoder):
         super().__init__()
         self.model = model
 
@@ -226,6 +226,6 @@ class MaskedLM(nn.Module):
         return self.model(ids)[0]
 
 
-def encoder_graphs(model: EncoderOnly) -> list[Graph]:
+def encoder_graphs(model: Encoder) -> list[Graph]:
     ids = torch.zeros(2, min(4, model.config.block_size), dtype=torch.long)
     return [Graph("model", MaskedLM(model), (ids,), ["ids"], ["logits"], {"ids": {0: "batch", 1: "time"}})]

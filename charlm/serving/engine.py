@@ -28,7 +28,7 @@ from charlm.decoding.options import DecodeOptions
 from charlm.decoding.sampling import sample_rows, seeded_generator
 from charlm.decoding.stops import StopStrings
 from charlm.errors import UsageError
-from charlm.models.decoder import GPT
+from charlm.models.decoder import Decoder
 
 Emit = Callable[[str, Any], None]  # ("text", Piece) / ("done", finish_reason) / ("error", message), thread-safe
 
@@ -69,7 +69,7 @@ class QueueFull(UsageError):
 class Engine:
     """Owns the model on one thread: completions decoded in one batch, other model calls run between steps."""
 
-    def __init__(self, module: GPT, tokenizer: Tokenizer, max_batch: int, max_queue: int):
+    def __init__(self, module: Decoder, tokenizer: Tokenizer, max_batch: int, max_queue: int):
         self.module, self.tokenizer = module.eval(), tokenizer
         self.device = next(module.parameters()).device
         self.max_batch, self.max_queue = max_batch, max_queue

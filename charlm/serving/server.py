@@ -52,6 +52,7 @@ class Mailbox:
 
 
 PAGE_FILES = {"index.html": "text/html", "playground.js": "text/javascript", "playground.css": "text/css"}
+SHARED_FILES = {"charlm-page.js": "text/javascript", "charlm-page.css": "text/css"}  # the web export's too
 
 
 ENDPOINTS = "/v1/completions, /v1/models, /v1/score, /v1/attention, /health and /"
@@ -229,10 +230,14 @@ async def page_asset(name: str) -> Response:
 
 
 def page_file(name: str) -> Response:
-    if name not in PAGE_FILES:
+    if name in SHARED_FILES:  # what the playground shares with the exported web page, kept beside that page
+        folder, media = resources.files("charlm.storage").joinpath("web"), SHARED_FILES[name]
+    elif name in PAGE_FILES:
+        folder, media = resources.files("charlm.serving").joinpath("playground"), PAGE_FILES[name]
+    else:
         raise BadRequest(404, f"no playground file {name!r}")
-    text = resources.files("charlm.serving").joinpath("playground").joinpath(name).read_text(encoding="utf-8")
-    return Response(text, media_type=PAGE_FILES[name], headers={"Cache-Control": "no-cache"})
+    text = folder.joinpath(name).read_text(encoding="utf-8")
+    return Response(text, media_type=media, headers={"Cache-Control": "no-cache"})
 
 
 class Reply:

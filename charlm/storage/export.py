@@ -171,7 +171,7 @@ def data_name(ckpt: Checkpoint) -> str:
     return Path(ckpt.config.data.path).name
 
 
-# What every model card says of the files beside it (each family writes the rest of its card: charlm.families).
+# What every model card says of the files beside it (model_card lays out the rest from the family's CardFacts).
 FILES = (
     f"Files: `{WEIGHTS}` (weights only, safetensors), `{CONFIG}` (the configuration it was trained with),\n"
     f"`{VOCAB}` (the characters, in id order). Loading never unpickles anything."

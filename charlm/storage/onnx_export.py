@@ -197,7 +197,7 @@ def read_onnx_export(folder: Path, threads: int = 0) -> OnnxExport:
     return OnnxExport(folder, config, tokenizer, OnnxRuntime(graphs, config.model, threads), int(raw.get("step", 0)))
 
 
-# What the model card of an ONNX export says of the files beside it (the family writes the rest of the card).
+# What the model card of an ONNX export says of the files beside it (model_card lays out the rest).
 ONNX_FILES = (
     "Files: `model.onnx` (a decoder's step: new characters and the cache in, logits and the next cache out), or\n"
     "`encoder.onnx` and `decoder.onnx` (an encoder-decoder); `config.json` (the configuration, and how the graphs\n"

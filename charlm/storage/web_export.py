@@ -1,5 +1,5 @@
 """`charlm export --web`: the ONNX export made a static web page that generates text in the browser with
-onnxruntime-web (index.html, charlm-web.js and .css from charlm/storage/web/), loading the runtime from a pinned
+onnxruntime-web (index.html, charlm-page.* and charlm-web.* from charlm/storage/web/), loading the runtime from a pinned
 public copy of the npm package, or from a copy bundled beside the page (`--runtime DIR`, for offline hosting)."""
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ CDN = f"https://cdn.jsdelivr.net/npm/onnxruntime-web@{ORT_WEB_VERSION}/dist/"
 # loads from the same folder.
 RUNTIME_FILES = ("ort.wasm.min.js", "ort-wasm-simd-threaded.mjs", "ort-wasm-simd-threaded.wasm")
 ASSETS = Path(__file__).parent / "web"
-PAGE_FILES = ("index.html", "charlm-web.js", "charlm-web.css")
+PAGE_FILES = ("index.html", "charlm-page.js", "charlm-page.css", "charlm-web.js", "charlm-web.css")
 BUNDLED = "ort/"  # where --runtime's copy goes, relative to index.html
 
 WEB_NOTE = (
-    "`index.html`, `charlm-web.js` and `charlm-web.css` make this folder a web page that generates text in the "
+    "`index.html`, `charlm-page.*` and `charlm-web.*` make this folder a web page that generates text in the "
     "browser\n(onnxruntime-web): publish the folder on any static host, or try it with "
     "`python -m http.server` in it."
 )

@@ -45,7 +45,7 @@ _BUDGET = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([smh])\s*$")
 
 
 @dataclass(frozen=True)
-class Row:
+class RuleRow:
     """One line of the table: budgets up to `up_to_s` seconds train a model `depth` layers deep."""
 
     up_to_s: float
@@ -68,18 +68,18 @@ TABLE = (
     # as wide as the default's, which came out level with 3 on a slow day of that CPU at 100 s (docs/benchmarks.md,
     # "The budget rule's pick for one thread and two"). The probe there measures 22k-31.5k with two threads (above
     # 20.8k, this row's bound at 100 s) and ~19k-20.4k with one.
-    Row(80.0, 2, 250, 128, width=96),
-    Row(150.0, 3, 250, 128),  # configs/cpu.yaml's model: measured best at 100 s and at 140 s, beside 4 layers
-    Row(300.0, 4, 250, 128),
-    Row(1200.0, 5, 500, 256),  # from here on, depth = 4 x (budget / 300 s)^(1/6), rounded to these boundaries
-    Row(3600.0, 6, 1000, 256),
-    Row(9000.0, 7, 1000, 256),
+    RuleRow(80.0, 2, 250, 128, width=96),
+    RuleRow(150.0, 3, 250, 128),  # configs/cpu.yaml's model: measured best at 100 s and at 140 s, beside 4 layers
+    RuleRow(300.0, 4, 250, 128),
+    RuleRow(1200.0, 5, 500, 256),  # from here on, depth = 4 x (budget / 300 s)^(1/6), rounded to these boundaries
+    RuleRow(3600.0, 6, 1000, 256),
+    RuleRow(9000.0, 7, 1000, 256),
     # Compute a CPU reaches in hours and a GPU in minutes: depth = 4 x (compute / 300 s)^(1/6), rounded, not measured.
-    Row(27_600.0, 8, 2000, 256),
-    Row(54_000.0, 9, 2000, 256),
-    Row(98_000.0, 10, 2000, 256),
-    Row(169_000.0, 11, 2000, 256),
-    Row(math.inf, 12, 2000, 256),  # the cap: a deeper model needs a recipe measured for it (the header says so)
+    RuleRow(27_600.0, 8, 2000, 256),
+    RuleRow(54_000.0, 9, 2000, 256),
+    RuleRow(98_000.0, 10, 2000, 256),
+    RuleRow(169_000.0, 11, 2000, 256),
+    RuleRow(math.inf, 12, 2000, 256),  # the cap: a deeper model needs a recipe measured for it (the header says so)
 )
 CHARS_PER_STEP = 2048  # configs/cpu.yaml's 16 windows of 128 a forward pass, kept as the context grows (Muon's tuning)
 MIN_CONTEXT = 16  # the rule shortens its context for a tiny corpus no further; below it the run says what is wrong
@@ -145,7 +145,7 @@ def width_for(depth: int) -> int:
     return HEAD_SIZE * math.ceil(3 * depth / 4)
 
 
-def row_for(seconds: float, speed: float = PROBE_REFERENCE_CHARS_PER_S) -> Row:
+def row_for(seconds: float, speed: float = PROBE_REFERENCE_CHARS_PER_S) -> RuleRow:
     """The row of a budget on a machine training the reference at `speed`: compute, as reference-machine seconds."""
     return next(row for row in TABLE if compute_seconds(seconds, speed) <= row.up_to_s)
 
@@ -215,7 +215,7 @@ def recipe_for(
     }
 
 
-def context_for(row: Row, shortest_split: int) -> int:
+def context_for(row: RuleRow, shortest_split: int) -> int:
     """The row's context, halved while the shorter split could not hold one window of it (inputs and the next
     character): a corpus of a few kilobytes still trains, where the row's context would be refused as too long."""
     context = row.block_size

@@ -21,7 +21,7 @@ from charlm.data.prepare import prepare
 from charlm.data.tokenizer import CharTokenizer, Tokenizer
 from charlm.errors import UsageError
 from charlm.families.registry import family_for
-from charlm.models.decoder import GPT
+from charlm.models.decoder import Decoder
 from charlm.storage.checkpoint import Checkpoint
 from charlm.storage.loading import load_model_file
 
@@ -41,12 +41,11 @@ def finetune_config(requested: Config, source: Checkpoint, explicit: dict[str, A
     """The run's settings: model shape and tokenizer from the source, data and training from the command; of the
     command line's explicit settings (`explicit`), dropout is applied and anything else of the source's refused
     where it differs, never dropped in silence."""
-    if requested.data.format in ("pairs", "lines"):  # said before the source's keys meet the run's
-        run = "an encoder-decoder run" if requested.data.format == "pairs" else "a run on a list of lines"
-        raise UsageError(f"--init-from starts from a text model; {run} starts fresh or resumes")
-    if source.config.data.format != "text":
-        what = "an encoder-decoder" if source.config.data.format == "pairs" else "a model of a list of lines"
-        raise UsageError(f"--init-from starts from a text model; {source.path} is {what}: train this run fresh")
+    wanted, given = family_for(requested), family_for(source.config)
+    if wanted.data_noun != "text":  # said before the source's keys meet the run's
+        raise UsageError(f"--init-from starts from a text model; {wanted.noun} run starts fresh or resumes")
+    if given.data_noun != "text":
+        raise UsageError(f"--init-from starts from a text model; {source.path} is {given.noun}: train this run fresh")
     explicit = explicit or {}
     kept = source.config.flat()
     differ = [f"{k}={v!r} (it has {kept[k]!r})" for k, v in explicit.items() if k not in MODEL_KEYS and v != kept[k]]
@@ -81,15 +80,15 @@ def finetune_tokenizer(
     return CharTokenizer(tokenizer.chars + new)
 
 
-def init_model(source: Checkpoint, config: Config, vocab_size: int, device: torch.device) -> GPT:
+def init_model(source: Checkpoint, config: Config, vocab_size: int, device: torch.device) -> Decoder:
     """A model of the source's shape holding its weights; rows for characters beyond its vocabulary stay as freshly
     initialised (call with the run's seed set, so they are reproducible)."""
     old_vocab = source.tokenizer.vocab_size
     if not (source_family := family_for(source.config)).continues_text:
-        raise UsageError(f"--init-from needs a decoder (text) model; {source.path} is {source_family.noun} model")
+        raise UsageError(f"--init-from needs a decoder (text) model; {source.path} is {source_family.noun}")
     if vocab_size == old_vocab:
-        return cast(GPT, source.build_model(device))
-    model = GPT(config.model, vocab_size)
+        return cast(Decoder, source.build_model(device))
+    model = Decoder(config.model, vocab_size)
     old = source.build_model("cpu").state_dict()
     fresh = model.state_dict()
     for name, weight in old.items():

@@ -101,7 +101,16 @@ class Trainer:
         self.onednn = use_onednn(device, tc.cpu_linear) and self.amp_dtype is None and not compiled
         self.average = WeightAverage(model, tc.ema_decay) if tc.ema_decay else None
         self.stepper = OptimizerStep(
-            config, model, self.uncompiled, self.batches, self.optimizer, self.scaler, device, self.amp_dtype, self.dist
+            config,
+            model,
+            self.uncompiled,
+            self.batches,
+            self.optimizer,
+            self.scaler,
+            device,
+            self.amp_dtype,
+            self.dist,
+            self.average,
         )
 
     def resume(self, state: RunState, parts: dict[str, Any], source: Path) -> None:
@@ -207,7 +216,10 @@ class Trainer:
         s = self.state
         t0 = time.perf_counter()
         try:
-            loss = self._first_step() if first else self._optimizer_step()
+            if first:
+                loss = self._first_step()
+            else:
+                loss, self.step_tokens = self.stepper.step(self.forward, s.lr, s.step)
         except RuntimeError as e:
             if not (first and out_of_memory(e)):
                 raise
@@ -234,27 +246,22 @@ class Trainer:
 
     def _first_step(self) -> torch.Tensor:
         """torch.compile fails lazily, at the first call: fall back to eager with a warning, never a crash."""
-        if self.forward is self.uncompiled:
-            return self._optimizer_step()
+        s = self.state
         try:
-            return self._optimizer_step()
+            loss, self.step_tokens = self.stepper.step(self.forward, s.lr, s.step)
+            return loss
         except CharlmError:
             raise
         except Exception as e:  # compiler errors come in many types (BackendCompilerFailed, InductorError, ...)
-            if out_of_memory(e):  # the batch's fault, not the compiler's: eager would fail the same way
+            if self.forward is self.uncompiled or out_of_memory(e):  # not the compiler's: eager fails the same way
                 raise
             if self.stop.requested is not None:  # a stop request, wrapped by the compiler
                 raise self._stopped_before_training() from None
             self.reporter.warn(f"torch.compile failed ({type(e).__name__}); training without it")
             self.forward = self.uncompiled
             self.optimizer.zero_grad(set_to_none=True)
-            return self._optimizer_step()
-
-    def _optimizer_step(self) -> torch.Tensor:
-        loss_sum, self.step_tokens = self.stepper.step(self.forward, self.state.lr, self.state.step)
-        if self.average is not None:
-            self.average.update()
-        return loss_sum
+            loss, self.step_tokens = self.stepper.step(self.forward, s.lr, s.step)
+            return loss
 
     # -- evaluation and checkpoints --------------------------------------------------------
 

@@ -12,7 +12,7 @@ from charlm.data.lines import LineCorpus
 from charlm.data.pairs import PairCorpus
 from charlm.data.prepare import data_bytes
 from charlm.errors import UsageError
-from charlm.families.registry import AnyModel, build_model
+from charlm.families.registry import AnyModel, build_model, family_for
 from charlm.hardware.device import out_of_memory, precision_words
 from charlm.hardware.distributed import Dist
 from charlm.models.linear import linear_words
@@ -28,32 +28,14 @@ def run_corpus(
     """The prepared corpus in the run's data.format, read with the resumed run's or the fine-tuned model's
     characters where there is one, and checked: long enough for a window, and no held-out file the training file."""
     # Every rank asks for the prepared corpus; a lock lets the first prepare it while the others wait, then map it.
-    corpus: Corpus | PairCorpus | LineCorpus
-    if config.data.format == "pairs":
-        hint = "a resumed run trains on lines made of its own characters"
-        tokenizer = ckpt.tokenizer if ckpt is not None else None
-        corpus = PairCorpus.from_config(config.data, config.model.block_size, tokenizer, reporter.info, hint)
-    elif config.data.format == "lines":
-        hint = "a resumed run trains on items made of its own characters"
-        tokenizer = ckpt.tokenizer if ckpt is not None else None
-        corpus = LineCorpus.from_config(config.data, config.model.block_size, tokenizer, reporter.info, hint)
-    elif ckpt is not None:
-        corpus = Corpus.from_config(
-            config.data,
-            ckpt.tokenizer,
-            say=reporter.info,
-            hint="a resumed run trains on text made of its own characters",
-        )
-    elif source is not None:
+    family = family_for(config)
+    tokenizer, hint = None, None
+    if ckpt is not None:
+        tokenizer, hint = ckpt.tokenizer, f"a resumed run trains on {family.data_noun} made of its own characters"
+    elif source is not None:  # fine-tuning (a decoder or an encoder of text: other families are refused before)
         tokenizer = finetune_tokenizer(source, config.data.path, extend_vocab, reporter.info)
-        corpus = Corpus.from_config(
-            config.data,
-            tokenizer,
-            say=reporter.info,
-            hint=f"the model of {source.path} has never seen them; add --extend-vocab to give them new embedding rows",
-        )
-    else:
-        corpus = Corpus.from_config(config.data, say=reporter.info)
+        hint = f"the model of {source.path} has never seen them; add --extend-vocab to give them new embedding rows"
+    corpus = family.corpus(config, tokenizer, reporter.info, hint)
     corpus.check_windows(config.model.block_size, config.data.path)
     for split, given in (("validation", config.data.val_path), ("test", config.data.test_path)):
         if given and same_content(given, config.data.path):

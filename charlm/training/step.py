@@ -14,6 +14,7 @@ from charlm.errors import WorkError
 from charlm.families.base import Batches
 from charlm.hardware.device import autocast
 from charlm.hardware.distributed import Dist
+from charlm.training.averaging import WeightAverage
 from charlm.training.optim import Optimizers
 
 
@@ -31,9 +32,11 @@ class OptimizerStep:
         device: torch.device,
         amp_dtype: torch.dtype | None,
         dist: Dist,
+        average: WeightAverage | None = None,
     ):
         self.train, self.model, self.uncompiled, self.batches = config.train, model, uncompiled, batches
         self.optimizer, self.scaler, self.device, self.amp_dtype, self.dist = optimizer, scaler, device, amp_dtype, dist
+        self.average = average  # train.ema_decay: the weights' running average, updated after every step
 
     def step(self, forward: nn.Module, lr: float, step: int) -> tuple[torch.Tensor, int]:
         """(the mean loss over the micro-batches, this rank's tokens) of step `step` + 1, taken at learning rate lr."""
@@ -76,4 +79,6 @@ class OptimizerStep:
         else:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        if self.average is not None:
+            self.average.update()
         return loss_sum, tokens

@@ -1,8 +1,7 @@
 // charlm playground: streams completions, colours text by surprisal and draws attention maps, through the
 // server's own API (/v1/completions, /v1/score, /v1/attention).
-"use strict";
+"use strict"; // after charlm-page.js: $, setStatus, showSlider
 
-const $ = (id) => document.getElementById(id);
 let modelName = "charlm";
 let apiKey = localStorage.getItem("charlm-api-key") || "";
 let running = null; // the AbortController of the completion being streamed
@@ -27,11 +26,6 @@ async function api(path, body) {
     throw new Error(message);
   }
   return response;
-}
-
-function setStatus(id, text, isError) {
-  $(id).textContent = text;
-  $(id).classList.toggle("error", Boolean(isError));
 }
 
 // ---------------------------------------------------------------- tabs
@@ -105,15 +99,7 @@ $("save-key").addEventListener("click", () => {
 
 // ---------------------------------------------------------------- generate
 
-function showSlider(id, format) {
-  const update = () => { $(id + "-value").textContent = format($(id).value); };
-  $(id).addEventListener("input", update);
-  update();
-}
-showSlider("temperature", (v) => v);
-showSlider("top-k", (v) => (Number(v) === 0 ? "off" : v));
-showSlider("top-p", (v) => v);
-showSlider("length", (v) => v);
+showSamplingSliders();
 
 async function generate() {
   const prompt = $("prompt").value;

@@ -1,16 +1,10 @@
 // charlm's web page: generates text in the browser with onnxruntime-web from the ONNX export beside it, with
 // charlm's windowing policy and sampling filters (docs/export.md says how it differs from `charlm sample`).
-"use strict";
+"use strict"; // after charlm-page.js: $, setStatus, showSlider
 
-const $ = (id) => document.getElementById(id);
 const EMPTY = -(2n ** 40n); // a cache slot no position has written: attention's mask hides it
 let model = null; // what loadModel() read: the session, the config, the vocabulary
 let stopRequested = false;
-
-function setStatus(text, isError) {
-  $("generate-status").textContent = text;
-  $("generate-status").classList.toggle("error", Boolean(isError));
-}
 
 // ---------------------------------------------------------------- loading
 
@@ -195,15 +189,7 @@ function textDecoder() {
 
 // ---------------------------------------------------------------- the page
 
-function showSlider(id, format) {
-  const update = () => { $(id + "-value").textContent = format($(id).value); };
-  $(id).addEventListener("input", update);
-  update();
-}
-showSlider("temperature", (v) => v);
-showSlider("top-k", (v) => (Number(v) === 0 ? "off" : v));
-showSlider("top-p", (v) => v);
-showSlider("length", (v) => v);
+showSamplingSliders();
 
 const channel = new MessageChannel(); // a task boundary without setTimeout's 4 ms clamp: the page paints
 function yieldToPage() {
@@ -225,14 +211,14 @@ async function generate() {
     if (!prompt) throw new Error("the prompt is empty; give at least one character");
     tokens = encode(prompt);
   } catch (e) {
-    setStatus(e.message, true);
+    setStatus("generate-status", e.message, true);
     return;
   }
   $("output-prompt").textContent = prompt;
   $("generate").disabled = true;
   $("stop").disabled = false;
   stopRequested = false;
-  setStatus("generating…");
+  setStatus("generate-status", "generating…");
   const window = new ContextWindow(model.config.onnx.window);
   const decoder = textDecoder();
   const started = performance.now();
@@ -262,9 +248,9 @@ async function generate() {
     const seconds = (performance.now() - started) / 1000;
     const rate = count / Math.max(seconds, 1e-9);
     $("generate-status").dataset.charsPerS = rate.toFixed(1);
-    setStatus(`${count} characters in ${seconds.toFixed(2)} s (${rate.toFixed(1)} chars/s), seed ${seed}`);
+    setStatus("generate-status", `${count} characters in ${seconds.toFixed(2)} s (${rate.toFixed(1)} chars/s), seed ${seed}`);
   } catch (e) {
-    setStatus("generation failed: " + e.message, true);
+    setStatus("generate-status", "generation failed: " + e.message, true);
   } finally {
     $("generate").disabled = false;
     $("stop").disabled = true;
@@ -284,8 +270,8 @@ loadModel().then((loaded) => {
     `${model.config.data.path}`;
   $("top-k").max = size;
   $("generate").disabled = false;
-  setStatus("ready");
+  setStatus("generate-status", "ready");
 }, (e) => {
   $("model-info").textContent = "no model";
-  setStatus(e.message, true);
+  setStatus("generate-status", e.message, true);
 });

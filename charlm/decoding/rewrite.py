@@ -22,23 +22,25 @@ StepsOf = Callable[[list[list[int]], int], TargetSteps]  # (sources, copies: row
 
 
 @torch.no_grad()
-def transduce(model: Models, sources: list[list[int]], options: DecodeOptions) -> list[list[int]]:
+def rewrite(model: Models, sources: list[list[int]], options: DecodeOptions) -> list[list[int]]:
     """The target ids (without BOS/EOS) for every source, in the order given."""
     for m in members(model):
         m.eval()
     room = target_room(members(model)[0].config.block_size)  # an ensemble shares its context
-    return rewrite(lambda batch, copies: ModuleTargetSteps(model, batch, copies), sources, options, room)
+    return rewrite_in_batches(lambda batch, copies: ModuleTargetSteps(model, batch, copies), sources, options, room)
 
 
-def transduce_graphs(
+def rewrite_graphs(
     runtime: GraphRuntime, sources: list[list[int]], options: DecodeOptions, block_size: int
 ) -> list[list[int]]:
-    """transduce() through an export's encoder and decoder-step graphs (onnxruntime): the same decoding."""
+    """rewrite() through an export's encoder and decoder-step graphs (onnxruntime): the same decoding."""
     steps_of: StepsOf = lambda batch, copies: GraphTargetSteps(runtime, batch, copies)  # noqa: E731
-    return rewrite(steps_of, sources, options, target_room(block_size))
+    return rewrite_in_batches(steps_of, sources, options, target_room(block_size))
 
 
-def rewrite(steps_of: StepsOf, sources: list[list[int]], options: DecodeOptions, room: int) -> list[list[int]]:
+def rewrite_in_batches(
+    steps_of: StepsOf, sources: list[list[int]], options: DecodeOptions, room: int
+) -> list[list[int]]:
     """Every source's target ids, in the order given, decoded options.batch_size sources at a time (greedy, sampled
     or by beam search) through the target side `steps_of` gives; at most `room` characters each."""
     generator = seeded_generator(options.seed)

@@ -25,16 +25,16 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from charlm.api.model import Model
 from charlm.decoding.options import DecodeOptions
-from charlm.decoding.transduce import target_room
+from charlm.decoding.rewrite import target_room
 from charlm.errors import UsageError
 from charlm.serving.http import Served, new_app, read_body, sampling_defaults, served_name
 from charlm.serving.requests import BadRequest, CompletionRequest, parse_completion
 
 
-def create_transducer_app(model: Model, served: Served | None = None) -> FastAPI:
+def create_encoder_decoder_app(model: Model, served: Served | None = None) -> FastAPI:
     """The ASGI app serving an encoder-decoder; one request decodes at a time (its sources batched together)."""
     served = served or Served()
-    server = TransducerServer(model, served)
+    server = EncoderDecoderServer(model, served)
     app = new_app(None, served.api_key, "/v1/completions, /v1/models and /health")
     app.get("/health")(server.health)
     app.get("/v1/models")(server.models)
@@ -42,7 +42,7 @@ def create_transducer_app(model: Model, served: Served | None = None) -> FastAPI
     return app
 
 
-class TransducerServer:
+class EncoderDecoderServer:
     """An encoder-decoder's endpoints: the model, the server's settings, and the turn each request waits for."""
 
     def __init__(self, model: Model, served: Served):
