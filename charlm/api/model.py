@@ -61,9 +61,10 @@ class Model:
     def encoder(self) -> Encoder:
         return self.family.as_encoder(self)
 
-    def require(self, kind: Literal["decoder", "encoder-decoder"]) -> None:
+    def require(self, kind: Literal["decoder", "encoder-decoder", "lines"]) -> None:
         """Refuse, in one line, a model that is not a `kind` (the error names what it is and does instead)."""
-        (self.family.as_decoder if kind == "decoder" else self.family.as_encoder_decoder)(self)
+        views = {"decoder": self.family.as_decoder, "encoder-decoder": self.family.as_encoder_decoder}
+        views.get(kind, self.family.as_lines)(self)
 
     def scoring_kernels(self) -> contextlib.AbstractContextManager:
         """The linear layers' kernels the run's own final pass used (train.cpu_linear), so that scores agree with
@@ -106,7 +107,14 @@ class Model:
         model's samples are whole items, each ended by the end symbol (not shown)."""
         return self.family.sample(self, prompt_ids, options, on_text)
 
-    def sample_items(self, prompt: str = "", options: DecodeOptions | None = None, novel: bool = False) -> dict:
+    def sample_items(
+        self,
+        prompt: str = "",
+        options: DecodeOptions | None = None,
+        novel: bool = False,
+        unknown: UnknownPolicy = "error",
+        replace_with: str | None = None,
+    ) -> dict:
         """A lines model's items (`charlm sample`): {"items": [{"text", "logprob", "per_char", "ended"}], "sampled",
         "chars_per_s", "training", "held_out", "new", "new_share", "against"} (how many samples were items of the
         run's training split, of its validation or test split, or new; when none of the run's files can be read,
@@ -115,7 +123,13 @@ class Model:
         if options is not None and not isinstance(options, DecodeOptions):
             raise UsageError(f"options must be a charlm DecodeOptions (DecodeOptions.from_config), got {options!r}")
         prompt = string_argument(prompt, "prompt")
-        return lines_family.draw_items(self, prompt, options or DecodeOptions.from_config(self.config.sample), novel)
+        options = options or DecodeOptions.from_config(self.config.sample)
+        return lines_family.draw_items(self, prompt, options, novel, unknown, replace_with)
+
+    def item_counts(self, texts: list[str]) -> dict:
+        """A lines model's view of some texts: how many are items of the run's training split ("training"), of its
+        validation or test split ("held_out"), or "new" (as sample_items counts its draws)."""
+        return lines_family.run_items(self).counts(texts)
 
     def score_items(self, text: str, where: str = "the text", **options: Any) -> ItemsResult:
         """A lines model (`charlm score`): each non-empty line of `text` as one item, its log-likelihood and nats per

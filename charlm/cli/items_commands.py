@@ -28,15 +28,15 @@ def print_items(model: Any, prompt: str, options: Any, novel: bool, json_out: bo
     """`charlm sample` on a lines model: one item per line (each ended by the model's end symbol), or one JSON
     object; on stderr how many samples were training items, held-out items and new (with --novel only the new are
     printed, drawn until there are --num-samples of them)."""
-    from charlm.families.lines import MOST_DRAWS, draw_items, run_items
+    from charlm.decoding.items import MOST_DRAWS
 
     if stream and not novel and not json_out and options.num_samples == 1:
         prefix = model.encode_prompt(prompt, unknown, replace_with)
         write_flushed(model.tokenizer.decode(prefix))
         sample = model.sample(prefix, options, on_text=write_flushed)
         sys.stdout.write("\n")
-        return say_counts(run_items(model).counts(sample.samples), novel, [])
-    result = draw_items(model, prompt, options, novel, unknown, replace_with)
+        return say_counts(model.item_counts(sample.samples), novel, [])
+    result = model.sample_items(prompt, options, novel, unknown, replace_with)
     if json_out:
         print_json(result)
         say_missing(result)
@@ -113,7 +113,7 @@ def score(
     from charlm.api.entry import load
 
     model = load(checkpoint_path(checkpoint), device)  # a bad checkpoint before a bad file
-    model.family.as_lines(model)  # another family is refused in one line
+    model.require("lines")  # another family is refused in one line
     text, where = candidates(file)
     result = model.score_items(text, where, unknown=unknown.value, replace_with=replace_with, batch_size=batch_size)
     if sort:
@@ -134,7 +134,7 @@ def candidates(file: str) -> tuple[str, str]:
         from charlm.data.corpus import decode_utf8
 
         return decode_utf8(sys.stdin.buffer.read(), "standard input"), "standard input"
-    from charlm.families.lines import read_candidates
+    from charlm.data.lines import read_candidates
 
     return read_candidates(file)
 

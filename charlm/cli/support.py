@@ -143,14 +143,13 @@ def load_ensemble(model: Any, given: Optional[list[str]], device: str, precision
     if not given:
         return []
     from charlm.api.entry import load
-    from charlm.families.encoder_decoder import ensemble_models
     from charlm.progress import stderr_console
     from charlm.storage.loading import model_path
 
     if not model.family.rewrites_sources:
         raise model.family.refuse(model, "an encoder-decoder (--ensemble decodes with several of them)")
     members = [load(model_path(path), device, precision) for path in given]
-    ensemble_models(model, members)  # each member checked (family, runtime, vocabulary, context) before any work
+    model.rewriter(members)  # each member checked (family, runtime, vocabulary, context) before any work
     names = ", ".join(str(m.path) for m in [model, *members])
     stderr_console().print(f"an ensemble of {len(members) + 1} models: {names}", markup=False)
     return members

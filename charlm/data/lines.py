@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from charlm.config.schema import DataConfig
-from charlm.data.corpus import IGNORE, for_file, read_text
+from charlm.data.corpus import IGNORE, decode_utf8, for_file, read_text
 from charlm.data.records import MODEL_FIX, RecordSplits, refuse_or_skip
 from charlm.data.tokenizer import (
     BOS,
@@ -281,3 +281,15 @@ class LineBatches:
     def load_state_dict(self, state: dict) -> None:
         self.generator.set_state(state["generator"])
         self.order, self.cursor = list(state.get("order", [])), int(state.get("cursor", 0))
+
+
+def read_candidates(source: str | Path) -> tuple[str, str]:
+    """The text of a file to score, and how messages name it (`charlm score -` reads standard input itself)."""
+    path = Path(source)
+    if not path.is_file():
+        problem = "is a directory" if path.is_dir() else "not found"
+        raise UsageError(f"file to score {problem}: {path} (give a UTF-8 file, one item per line, or - for stdin)")
+    try:
+        return decode_utf8(path.read_bytes(), f"file {path}"), str(path)
+    except OSError as e:
+        raise UsageError(f"cannot read {path}: {e.strerror}") from None

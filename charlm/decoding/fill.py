@@ -18,7 +18,7 @@ class Blank:
 
 
 @torch.no_grad()
-def fill(model: Encoder, ids: list[int], blanks: list[int], top: int) -> list[list[tuple[int, float]]]:
+def predict_blanks(model: Encoder, ids: list[int], blanks: list[int], top: int) -> list[list[tuple[int, float]]]:
     """Every blank's top candidates (id, probability), all blanks predicted at once from one forward pass."""
     model.eval()
     device = next(model.parameters()).device

@@ -21,6 +21,8 @@ from charlm.decoding.sampling import sample_next, seeded_generator
 from charlm.decoding.stops import StopStrings
 from charlm.models.decoder import Decoder
 
+MOST_DRAWS = 50  # `charlm sample --novel` gives up after this many draws per item asked for
+
 
 @dataclass(frozen=True)
 class ItemFrame:

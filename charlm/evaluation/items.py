@@ -15,6 +15,7 @@ from torch import nn
 
 from charlm.data.corpus import IGNORE
 from charlm.data.lines import Item, frame, in_length_order
+from charlm.evaluation.loss import InNats
 from charlm.hardware.device import autocast
 
 
@@ -31,7 +32,7 @@ class ItemScore:
 
 
 @dataclass
-class ItemsResult:
+class ItemsResult(InNats):
     loss: float  # mean cross-entropy in nats per character, each item's end symbol counted as a character
     chars: int  # characters scored, end symbols included
     items: int
@@ -40,14 +41,6 @@ class ItemsResult:
     unit: str = "char"
     scores: list[ItemScore] = field(default_factory=list)  # per item, in the file's order (charlm score)
     skipped: list[str] = field(default_factory=list)  # lines left out as data.skip_bad_lines says, in words
-
-    @property
-    def bpc(self) -> float:
-        return self.loss / math.log(2)
-
-    @property
-    def perplexity(self) -> float:
-        return math.exp(self.loss)
 
     @property
     def mean_logprob(self) -> float:

@@ -17,14 +17,10 @@ from charlm.data.prepare import release_mapped_pages
 from charlm.hardware.device import autocast
 
 
-@dataclass
-class EvalResult:
-    loss: float  # mean cross-entropy in nats per token (character or byte)
-    chars: int  # tokens scored (characters, or bytes for a byte model)
-    split: str = "all"  # which part of the file: train, val, test or all
-    file: str = ""  # the text file scored
-    stride: int = 0  # windows' stride (block_size: non-overlapping windows)
-    unit: str = "char"  # what a token is: char or byte (so bits per character or bits per byte)
+class InNats:
+    """What every score derives from its mean loss in nats: bits per character and perplexity."""
+
+    loss: float
 
     @property
     def bpc(self) -> float:
@@ -34,20 +30,32 @@ class EvalResult:
     def perplexity(self) -> float:
         return math.exp(self.loss)
 
+
+@dataclass
+class EvalResult(InNats):
+    loss: float  # mean cross-entropy in nats per token (character or byte)
+    chars: int  # tokens scored (characters, or bytes for a byte model)
+    split: str = "all"  # which part of the file: train, val, test or all
+    file: str = ""  # the text file scored
+    stride: int = 0  # windows' stride (block_size: non-overlapping windows)
+    unit: str = "char"  # what a token is: char or byte (so bits per character or bits per byte)
+
     def to_dict(self) -> dict:
         return {**asdict(self), "bpc": self.bpc, "perplexity": self.perplexity}
 
 
 @torch.no_grad()
-def _summed_loss(model: nn.Module, batches, device: torch.device, amp_dtype: torch.dtype | None) -> tuple[float, int]:
+def summed_loss(model: nn.Module, batches, device: torch.device, amp_dtype: torch.dtype | None) -> tuple[float, int]:
+    """Summed cross-entropy (nats) over every scored target of `batches`, (inputs, targets) with inputs one tensor or
+    a tuple of them and targets IGNORE where nothing is scored, and how many there were."""
     total = torch.zeros((), dtype=torch.float64, device=device)  # accumulate on device: one sync at the end
     count = 0
     for i, (x, y) in enumerate(batches):
         if i % 16 == 0:
             release_mapped_pages()  # a pass over a big split must not keep all it read resident
-        x, y = x.to(device), y.to(device)
+        inputs, y = tuple(t.to(device) for t in (x if isinstance(x, tuple) else (x,))), y.to(device)
         with autocast(device, amp_dtype):
-            _, loss = model(x, y)
+            _, loss = model(*inputs, y)
         scored = int((y != IGNORE).sum())
         total += loss.double() * scored
         count += scored
@@ -75,7 +83,7 @@ def full_pass(
     )
     was_training = model.training
     model.eval()
-    total, count = _summed_loss(model, windows, device, amp_dtype)
+    total, count = summed_loss(model, windows, device, amp_dtype)
     model.train(was_training)
     return EvalResult(total / max(count, 1), count, stride=stride)
 
@@ -94,7 +102,7 @@ def windows_total(
     batches = (windows_at(ids, starts[i : i + batch_size], offsets, device) for i in range(0, len(starts), batch_size))
     was_training = model.training
     model.eval()
-    total, count = _summed_loss(model, batches, device, amp_dtype)
+    total, count = summed_loss(model, batches, device, amp_dtype)
     model.train(was_training)
     return total, count
 

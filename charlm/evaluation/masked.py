@@ -3,13 +3,13 @@ every call and on every rank, so the score is a low-noise signal."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass
 
 import torch
 
 from charlm.data.corpus import IGNORE
 from charlm.data.masking import hide
+from charlm.evaluation.loss import InNats
 from charlm.hardware.device import autocast
 from charlm.models.encoder import Encoder
 
@@ -17,7 +17,7 @@ EVAL_SEED = 0  # evaluations hide the same positions every time: a low-noise sig
 
 
 @dataclass
-class MaskedResult:
+class MaskedResult(InNats):
     """`charlm eval` for an encoder: how well it restores hidden characters."""
 
     loss: float  # nats per hidden character
@@ -25,10 +25,6 @@ class MaskedResult:
     chars: int  # hidden characters scored
     split: str = "val"
     file: str = ""
-
-    @property
-    def bpc(self) -> float:
-        return self.loss / math.log(2)
 
     def to_dict(self) -> dict:
         return {**asdict(self), "bpc": self.bpc}

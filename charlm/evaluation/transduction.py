@@ -3,7 +3,6 @@ mean), and the figures of decoded targets against their references (exact match,
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -14,7 +13,7 @@ from torch import nn
 
 from charlm.data.corpus import IGNORE
 from charlm.data.pairs import Pair, ReplacedSource, ReplacedTarget, in_batches, pad_batch
-from charlm.hardware.device import autocast
+from charlm.evaluation.loss import InNats, summed_loss
 from charlm.models.encoder_decoder import EncoderDecoder
 
 
@@ -29,17 +28,10 @@ def pairs_total(
     """Summed cross-entropy (nats) over every target character and EOS, and how many there were."""
     was_training = model.training
     model.eval()
-    total = torch.zeros((), dtype=torch.float64, device=device)
-    count = 0
-    for batch in in_batches(pairs, batch_size):
-        (src, tgt_in), targets = pad_batch(batch, device)
-        with autocast(device, amp_dtype):
-            _, loss = model(src, tgt_in, targets)
-        scored = sum(len(t) + 1 for _, t in batch)
-        total += loss.double() * scored
-        count += scored
+    batches = (pad_batch(batch, device) for batch in in_batches(pairs, batch_size))
+    total, count = summed_loss(model, batches, device, amp_dtype)
     model.train(was_training)
-    return total.item(), count
+    return total, count
 
 
 def edit_distance(a: list, b: list) -> int:
@@ -54,7 +46,7 @@ def edit_distance(a: list, b: list) -> int:
 
 
 @dataclass
-class TransductionResult:
+class TransductionResult(InNats):
     """`charlm eval` on pairs: target loss, and how often and how far the decoded targets miss the references.
 
     A source listed on several lines (CMUdict's alternate pronunciations) is decoded once and has them all as its
@@ -78,10 +70,6 @@ class TransductionResult:
     unknown_target_lines: int = 0  # of those, lines whose target held one: the model cannot write it, so never right
     single_reference: dict[str, Any] = field(default_factory=dict)  # the figures line by line
     skipped: list[str] = field(default_factory=list)  # lines left out as data.skip_bad_lines says, in words
-
-    @property
-    def bpc(self) -> float:
-        return self.loss / math.log(2)
 
     def to_dict(self) -> dict:
         return {**asdict(self), "bpc": self.bpc}

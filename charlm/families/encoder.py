@@ -15,7 +15,7 @@ from charlm.config.schema import Config, ModelConfig
 from charlm.data.corpus import Corpus, for_file, same_path, split_file
 from charlm.data.masking import MaskedWindows
 from charlm.data.tokenizer import Tokenizer
-from charlm.decoding.fill import fill
+from charlm.decoding.fill import predict_blanks
 from charlm.decoding.options import MAX_FILL_CANDIDATES
 from charlm.decoding.steps import GraphRuntime, RuntimeCheck
 from charlm.errors import UsageError
@@ -132,7 +132,7 @@ def fill_blanks(loaded: Loaded, text: str, mask_char: str = "_", top: int = 5) -
     if unseen:
         shown = ", ".join(repr(c) for c in unseen[:10])
         raise UsageError(f"the text has characters the model has never seen: {shown}; leave them out")
-    guesses = fill(module, loaded.encode_prompt(known), blanks, top)
+    guesses = predict_blanks(module, loaded.encode_prompt(known), blanks, top)
     filled = list(text)
     for position, candidates in zip(blanks, guesses, strict=True):
         filled[position] = tokenizer.decode([candidates[0][0]])

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from charlm.config.schema import Config, ModelConfig
-from charlm.data.corpus import decode_utf8, for_file, same_path, split_file
+from charlm.data.corpus import for_file, same_path, split_file
 from charlm.data.lines import (
     KnownItems,
     LineBatches,
@@ -35,7 +35,7 @@ from charlm.data.tokenizer import (
     refuse_special_replacement,
 )
 from charlm.decoding.generate import SampleResult
-from charlm.decoding.items import DrawnItem, ItemFrame, sample_items, sample_until
+from charlm.decoding.items import MOST_DRAWS, DrawnItem, ItemFrame, sample_items, sample_until
 from charlm.decoding.options import DecodeOptions
 from charlm.errors import UsageError
 from charlm.evaluation.items import ItemsResult, item_logprobs, items_total, score_items
@@ -231,18 +231,6 @@ def evaluate_items(
     return result
 
 
-def read_candidates(source: str | Path) -> tuple[str, str]:
-    """The text of a file to score, and how messages name it (`charlm score -` reads standard input itself)."""
-    path = Path(source)
-    if not path.is_file():
-        problem = "is a directory" if path.is_dir() else "not found"
-        raise UsageError(f"file to score {problem}: {path} (give a UTF-8 file, one item per line, or - for stdin)")
-    try:
-        return decode_utf8(path.read_bytes(), f"file {path}"), str(path)
-    except OSError as e:
-        raise UsageError(f"cannot read {path}: {e.strerror}") from None
-
-
 def score_lines(
     loaded: Loaded,
     text: str,
@@ -278,9 +266,6 @@ def score_lines(
         result = score_items(module, items, strings, loaded.device, batch_size)
     result.file = where
     return result
-
-
-MOST_DRAWS = 50  # --novel gives up after this many draws per item asked for
 
 
 def draw_items(
