@@ -334,3 +334,38 @@ def test_plain_charlm_train_is_the_rule_at_100_s_and_configs_cpu_yaml_at_the_ref
         env.setenv("WORLD_SIZE", "2")
         env.delenv("CHARLM_SPEED")
         assert _plain_run(tmp_path, corpus)[0].budget is None
+
+
+# A process that may hold little more memory than it has once torch is imported (RLIMIT_AS), probed at a batch far
+# beyond that: the allocations really fail, as a GPU's do when its memory is full.
+OUT_OF_MEMORY_PROBE = """
+import json, resource, sys
+import charlm.training.probe as probe
+from charlm.config.schema import load_config
+
+probe.REFERENCE_BATCH = 256  # the probe's first batch: far more than the limit below lets it allocate
+status = open("/proc/self/status").read()
+size = int(next(line for line in status.splitlines() if line.startswith("VmSize")).split()[1]) * 1024
+resource.setrlimit(resource.RLIMIT_AS, (size + 400 * 2**20, size + 400 * 2**20))
+said = []
+# torch's own linear kernels: oneDNN's say "could not create a primitive" when memory runs out, which is not only that
+speed = probe.measure_speed(load_config("cpu", ["train.cpu_linear=torch"]), said.append)
+print(json.dumps({"note": speed.note, "said": said, "chars_per_s": speed.chars_per_s}))
+"""
+
+
+@pytest.mark.process
+def test_a_probe_out_of_memory_falls_back_to_smaller_batches_and_says_so():
+    import subprocess
+    import sys
+
+    result = subprocess.run(
+        [sys.executable, "-c", OUT_OF_MEMORY_PROBE], capture_output=True, text=True, timeout=120, cwd=REPO
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    out = json.loads(result.stdout.strip().splitlines()[-1])
+    assert out["said"][0] == "speed probe: batch 256 ran out of memory, trying batch 128"
+    measured = int(out["note"].rsplit(" ", 1)[1])
+    assert out["note"] == f"batch 256 ran out of memory, measured at batch {measured}" and 1 <= measured < 256
+    assert len(out["said"]) == math.log2(256 // measured)  # one line for each halving, none after the one that ran
+    assert out["chars_per_s"] > 0

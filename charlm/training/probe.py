@@ -107,8 +107,8 @@ def measure_speed(run: Config, say: Callable[[str], None]) -> Speed:
         except (RuntimeError, torch.OutOfMemoryError) as e:
             if not out_of_memory(e) or batch == 1:
                 raise
-            note = f"batch {batch} ran out of memory, measured at batch {batch // 2}"
-            say(f"speed probe: {note}")
+            say(f"speed probe: batch {batch} ran out of memory, trying batch {batch // 2}")
+            note = f"batch {REFERENCE_BATCH} ran out of memory, measured at batch {batch // 2}"
             batch //= 2
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
