@@ -285,6 +285,7 @@ LONGEST_FIRST = [
     "test_ddp.py",
     "test_encdec.py",
     "test_signals.py",
+    "test_budget.py",
     "test_web_export.py",
     "test_usability.py",
     "test_python_api.py",
