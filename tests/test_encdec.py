@@ -190,9 +190,18 @@ def test_the_wrong_methods_and_flags_are_one_line_errors(trained, tiny_checkpoin
         (lambda: model.transduction_attention(None), "source must be a string, got None"),
         (lambda: model.transduce("abc", ensemble=[str(run)]), "models loaded with charlm.load"),
         (lambda: model.evaluate_pairs(ensemble=model), "models loaded with charlm.load"),
+        (lambda: model.rewrite(["abc"], {"beam": 3}), "options must be a charlm DecodeOptions"),
+        (lambda: model.rewrite(["abc"], DecodeOptions(stop=["c"])), "stop, num_samples and compile"),
+        (lambda: model.rewrite(["abc"], DecodeOptions(num_samples=2)), "stop, num_samples and compile"),
+        (lambda: model.item_counts(["abc"]), "not a lines model"),
+        (lambda: model.require("encoder"), "kind must be one of decoder, encoder-decoder, lines"),
     ):
         with pytest.raises(UsageError, match=needle):
             call()
+    # rewrite is transduce with one DecodeOptions: none is greedy and whole, a record is taken as it is
+    assert model.rewrite("abcdef") == [model.transduce("abcdef")]
+    beam = DecodeOptions(beam=3, temperature=0.0, max_new_tokens=16)
+    assert model.rewrite(["abc", "hgf"], beam) == model.transduce(["abc", "hgf"], beam=3)
     assert_one_line_error(run_cli("sample", run, "--prompt", "abc", "--num-samples", "2"), 2, "--num-samples")
     assert_one_line_error(run_cli("sample", run, "--prompt", "abc", "--novel"), 2, "--novel", "data.format lines")
     assert_one_line_error(run_cli("sample", run), 2, "needs a source")

@@ -64,7 +64,10 @@ class Model:
     def require(self, kind: Literal["decoder", "encoder-decoder", "lines"]) -> None:
         """Refuse, in one line, a model that is not a `kind` (the error names what it is and does instead)."""
         views = {"decoder": self.family.as_decoder, "encoder-decoder": self.family.as_encoder_decoder}
-        views.get(kind, self.family.as_lines)(self)
+        views |= {"lines": self.family.as_lines}
+        if kind not in views:
+            raise UsageError(f"kind must be one of {', '.join(views)}, got {kind!r}")
+        views[kind](self)
 
     def scoring_kernels(self) -> contextlib.AbstractContextManager:
         """The linear layers' kernels the run's own final pass used (train.cpu_linear), so that scores agree with
@@ -129,7 +132,10 @@ class Model:
     def item_counts(self, texts: list[str]) -> dict:
         """A lines model's view of some texts: how many are items of the run's training split ("training"), of its
         validation or test split ("held_out"), or "new" (as sample_items counts its draws)."""
-        return lines_family.run_items(self).counts(texts)
+        self.require("lines")
+        if not isinstance(texts, (list, tuple)) or not all(isinstance(t, str) for t in texts):
+            raise UsageError(f"texts must be a list of strings, got {texts!r}")
+        return lines_family.run_items(self).counts(list(texts))
 
     def score_items(self, text: str, where: str = "the text", **options: Any) -> ItemsResult:
         """A lines model (`charlm score`): each non-empty line of `text` as one item, its log-likelihood and nats per
@@ -243,15 +249,26 @@ class Model:
 
     def rewrite(
         self,
-        sources: list[str],
-        options: DecodeOptions,
+        sources: str | list[str],
+        options: DecodeOptions | None = None,
         unknown: UnknownPolicy = "error",
         replace_with: str | None = None,
         ensemble: Sequence[Model] = (),
     ) -> list[str]:
-        """transduce() with its decoding as one DecodeOptions record (beam, temperature, top-k, top-p, seed,
-        max_new_tokens: the most characters of a target, the context less one at most)."""
-        return encoder_decoder_family.rewrite_sources(self, sources, options, unknown, replace_with, _models(ensemble))
+        """Each source's target (a list, one source or many), its decoding one DecodeOptions record: beam, temperature,
+        top-k, top-p, seed and max_new_tokens (the most characters of a target, the context less one at most). None
+        is greedy and whole; a record is taken as it is, so DecodeOptions() samples at its temperature 0.8 (give
+        temperature=0 for greedy or a beam). `charlm sample` and `charlm serve` call this; transduce() is the same
+        with keywords."""
+        many = sources_argument(sources)
+        if options is not None and not isinstance(options, DecodeOptions):
+            raise UsageError(f"options must be a charlm DecodeOptions, got {options!r}")
+        if options is not None and (options.stop or options.num_samples != 1 or options.compile):
+            raise UsageError(
+                "an encoder-decoder writes one whole target per source: stop, num_samples and compile are a "
+                "decoder's options; leave them out"
+            )
+        return encoder_decoder_family.rewrite_sources(self, many, options, unknown, replace_with, _models(ensemble))
 
     def rewriter(self, ensemble: Sequence[Any] = ()) -> Any:
         """How this model rewrites sources' ids under DecodeOptions: torch's decoding loop (an export run by another

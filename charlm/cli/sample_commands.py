@@ -171,8 +171,9 @@ def sample_(
             "--interactive": interactive,
         }
         _refuse_text_only_flags(text_flags)
-        room = model.config.model.block_size  # a target's most characters (the context less its start symbol)
-        decoding = DecodeOptions(beam=beam, temperature=temperature or 0.0, top_k=top_k, top_p=top_p or 1.0, seed=seed)
+        room = model.config.model.block_size  # the decoding caps it at the context less the start symbol
+        top_p = 1.0 if top_p is None else top_p  # 0 keeps the most likely character alone, as everywhere else
+        decoding = DecodeOptions(beam=beam, temperature=temperature or 0.0, top_k=top_k, top_p=top_p, seed=seed)
         rewriting = Rewriting(decoding.with_(max_new_tokens=room), unknown.value, replace_with, members)
         return rewrite_lines(model, prompt, prompt_file, rewriting, json_out)
     model.require("decoder")  # an encoder is refused here in one line: it fills blanks, see `charlm fill`
