@@ -135,6 +135,9 @@ def test_an_export_holds_weights_config_vocabulary_and_a_card(exported, tiny_che
     assert json.loads((exported / "config.json").read_text())["model"]["n_embd"] == 32
     card = (exported / "README.md").read_text()
     assert "nats/char" in card and "bits/char" in card and f'charlm.load("{exported}")' in card
+    table = card.split("\n\n")[2].splitlines()  # the card's table: every row whole on its line, or Markdown ends it
+    assert all(row.startswith("|") and row.endswith("|") for row in table), table
+    assert any(row.startswith("| parts | ") and row.endswith(" head |") for row in table)
 
 
 def test_an_export_gives_bit_identical_logits_and_the_same_samples(exported, tiny_checkpoint, corpus):

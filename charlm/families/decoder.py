@@ -171,11 +171,9 @@ def decoder_facts(loaded: Loaded, steps: int, scores: dict[str, float] | None, s
         if scores
         else None
     )
-    # The row is broken by a backslash and a newline, as cards have been written since the first: kept so that an
-    # export's card stays byte for byte what it was.
-    parts = (
+    parts = (  # one table row: a line break inside it would end the table in Markdown
         f"{m.pos_encoding} positions, {m.norm} ({m.norm_position}), {m.activation} feed-forward x{m.ffn_mult:g}, "
-        f"\\\n{'tied' if m.tie_weights else 'untied'} head"
+        f"{'tied' if m.tie_weights else 'untied'} head"
     )
     return CardFacts(
         title="character-level language model",
