@@ -175,7 +175,6 @@ def sample(
     on_text: Callable[[str], None] | None = None,
 ) -> SampleResult:
     """Generate num_samples continuations in one batch; on_text streams sample 0's new characters."""
-    choose = seeded_chooser(options)
     model.eval()
     compile_seconds = 0.0
     check_values({"compile": options.compile, "use_cache": options.use_cache})
@@ -183,11 +182,8 @@ def sample(
         device, dtype = next(model.parameters()).device, next(model.parameters()).dtype
         with compiled_decoder(model, options.num_samples, device, dtype) as compiled:
             compile_seconds = compiled.warm_up()
-    started = time.perf_counter()
-    batch, window = options.num_samples, ContextWindow(model)
-    with torch.inference_mode(), module_steps(model, batch, options.use_cache, options.compile) as steps:
-        ids = decode_text(steps, window, prompt_ids, options.max_new_tokens, batch, choose, steps.device)
-        result = collect_samples(ids, tokenizer, prompt_ids, options, on_text, started)
+    with torch.inference_mode(), module_steps(model, options.num_samples, options.use_cache, options.compile) as steps:
+        result = samples_of(steps, ContextWindow(model), tokenizer, prompt_ids, options, on_text, steps.device)
     result.compile_seconds = compile_seconds
     return result
 
@@ -201,10 +197,22 @@ def sample_graph(
     on_text: Callable[[str], None] | None = None,
 ) -> SampleResult:
     """sample() through an export's decoder step (onnxruntime): the same loop, window, sampler and stop strings."""
-    choose = seeded_chooser(options)
-    started = time.perf_counter()
-    window, batch = ContextWindow(config), options.num_samples
-    ids = decode_text(GraphTextSteps(step), window, prompt_ids, options.max_new_tokens, batch, choose)
+    return samples_of(GraphTextSteps(step), ContextWindow(config), tokenizer, prompt_ids, options, on_text)
+
+
+def samples_of(
+    steps: TextSteps,
+    window: ContextWindow,
+    tokenizer: Tokenizer,
+    prompt_ids: list[int],
+    options: DecodeOptions,
+    on_text: Callable[[str], None] | None,
+    device: torch.device | None = None,
+) -> SampleResult:
+    """The samples a decoding loop through `steps` draws, whatever runs them: the seeded chooser, the loop, then stop
+    strings and streaming (collect_samples), timed from the first step."""
+    choose, started = seeded_chooser(options), time.perf_counter()
+    ids = decode_text(steps, window, prompt_ids, options.max_new_tokens, options.num_samples, choose, device)
     return collect_samples(ids, tokenizer, prompt_ids, options, on_text, started)
 
 
