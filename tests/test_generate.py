@@ -6,8 +6,9 @@ from conftest import with_token_shift_weights
 
 from charlm.config.schema import ModelConfig
 from charlm.data.tokenizer import CharTokenizer
-from charlm.decoding.generate import generate_ids, sample, window_start
+from charlm.decoding.generate import generate_ids, sample
 from charlm.decoding.options import DecodeOptions
+from charlm.decoding.window import window_start
 from charlm.models.decoder import Decoder
 
 BLOCK = 16

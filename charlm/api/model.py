@@ -15,8 +15,9 @@ import torch
 
 from charlm.config.schema import Config
 from charlm.data.tokenizer import Tokenizer, UnknownPolicy
-from charlm.decoding.generate import SampleResult
+from charlm.decoding.generate import SampleResult, collect_samples, decode_text, sampling_steps, seeded_chooser
 from charlm.decoding.options import DecodeOptions, field_name
+from charlm.decoding.steps import TextSteps
 from charlm.errors import UsageError
 from charlm.evaluation.items import ItemsResult
 from charlm.evaluation.loss import EvalResult
@@ -108,7 +109,16 @@ class Model:
     ) -> SampleResult:
         """Every sample of one batch, with timing (what `charlm sample` prints); on_text streams sample 0. A lines
         model's samples are whole items, each ended by the end symbol (not shown)."""
-        return self.family.sample(self, prompt_ids, options, on_text)
+        if self.family.makes_items:  # the lines family's own loop: items end at their end symbol
+            return lines_family.sample_lines(self, prompt_ids, options, on_text)
+        with self.text_steps(options) as steps:
+            drawn = decode_text(steps, prompt_ids, options.max_new_tokens, options.num_samples, seeded_chooser(options))
+            return collect_samples(drawn, self.tokenizer, prompt_ids, options, on_text, steps.compile_seconds)
+
+    def text_steps(self, options: DecodeOptions) -> contextlib.AbstractContextManager[TextSteps]:
+        """What the decoding loop steps through (charlm.decoding.steps): the torch decoder's KV cache, or with
+        options.compile a compiled step; an ONNX export's graphs (OnnxModel)."""
+        return sampling_steps(self.family.as_decoder(self), options)
 
     def sample_items(
         self,

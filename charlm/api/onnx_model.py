@@ -3,7 +3,8 @@ charlm.export call them: charlm/api/entry.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -14,9 +15,9 @@ from charlm.api.model import Model
 from charlm.data.corpus import IGNORE
 from charlm.data.pairs import Pair, in_batches, pad_batch
 from charlm.data.tokenizer import UnknownPolicy
-from charlm.decoding.generate import SampleResult, sample_graph
 from charlm.decoding.options import DecodeOptions
 from charlm.decoding.rewrite import rewrite_graphs
+from charlm.decoding.steps import GraphTextSteps, TextSteps
 from charlm.errors import UsageError
 from charlm.evaluation.transduction import TransductionResult, against_references
 from charlm.storage.loading import load_model_file
@@ -46,13 +47,13 @@ class OnnxModel(Model):
             f"{what} needs the torch model; {self.path} is an ONNX export: use a checkpoint or a safetensors export"
         )
 
-    def sample(
-        self, prompt_ids: list[int], options: DecodeOptions, on_text: Callable[[str], None] | None = None
-    ) -> SampleResult:
+    @contextlib.contextmanager
+    def text_steps(self, options: DecodeOptions) -> Iterator[TextSteps]:
+        """A decoder export samples as the torch model does, the same loop stepped through its decoder-step graph."""
         self.require("decoder")
         if options.compile or not options.use_cache:
             raise self.torch_only("--compile" if options.compile else "--no-cache")
-        return sample_graph(self.onnx.step, self.config.model, self.tokenizer, prompt_ids, options, on_text)
+        yield GraphTextSteps(self.onnx.step, self.config.model)
 
     def rewriter(self, ensemble: Sequence[Any] = ()) -> Any:
         """An encoder-decoder export rewrites as the torch model does (greedy, sampled or by beam search), the same

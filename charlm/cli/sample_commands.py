@@ -161,16 +161,7 @@ def sample_(
     if novel and not model.family.makes_items:
         cli_items.refuse_novel(model)
     if model.family.rewrites_sources:
-        text_flags = {
-            "--max-new-tokens": max_new_tokens is not None,
-            "--num-samples": num_samples != 1,
-            "--stop": bool(stop),
-            "--stream": stream is not None,
-            "--no-cache": no_cache,
-            "--compile": compile_step,
-            "--interactive": interactive,
-        }
-        _refuse_text_only_flags(text_flags)
+        _refuse_text_only_flags(max_new_tokens, num_samples, stop, stream, no_cache, compile_step, interactive)
         room = model.config.model.block_size  # the decoding caps it at the context less the start symbol
         top_p = 1.0 if top_p is None else top_p  # 0 keeps the most likely character alone, as everywhere else
         decoding = DecodeOptions(beam=beam, temperature=temperature or 0.0, top_k=top_k, top_p=top_p, seed=seed)
@@ -188,7 +179,12 @@ def sample_(
     if model.family.makes_items:
         streams = stream if stream is not None else sys.stdout.isatty()
         return cli_items.print_items(model, text, options, novel, json_out, streams, unknown.value, replace_with)
-    continue_text(model, text, options, json_out, stream, compile_step, unknown.value, replace_with)
+    prompt_ids = model.encode_prompt(text, unknown.value, replace_with)
+    streaming = not json_out and num_samples == 1 and (stream if stream is not None else sys.stdout.isatty())
+    if streaming:
+        write_flushed(model.tokenizer.decode(prompt_ids))  # the prompt as the model sees it
+    result = model.sample(prompt_ids, options, on_text=write_flushed if streaming else None)
+    print_samples(model, result, streaming, json_out, compile_step)
 
 
 def _refuse_prompt_clashes(
@@ -204,8 +200,25 @@ def _refuse_prompt_clashes(
         )
 
 
-def _refuse_text_only_flags(given: dict[str, bool]) -> None:
-    """The flags of continuing a text (each with whether it was given) refused together for an encoder-decoder."""
+def _refuse_text_only_flags(
+    max_new_tokens: int | None,
+    num_samples: int,
+    stop: list[str] | None,
+    stream: bool | None,
+    no_cache: bool,
+    compile_step: bool,
+    interactive: bool,
+) -> None:
+    """The flags of continuing a text, refused together for an encoder-decoder."""
+    given = {
+        "--max-new-tokens": max_new_tokens is not None,
+        "--num-samples": num_samples != 1,
+        "--stop": bool(stop),
+        "--stream": stream is not None,
+        "--no-cache": no_cache,
+        "--compile": compile_step,
+        "--interactive": interactive,
+    }
     if not_for_pairs := [flag for flag, used in given.items() if used]:
         raise UsageError(
             f"{', '.join(not_for_pairs)}: not for an encoder-decoder, which rewrites each source whole (use "
@@ -240,24 +253,9 @@ def _decode_options(
     ).checked()
 
 
-def continue_text(
-    model,
-    text: str,
-    options: DecodeOptions,
-    json_out: bool,
-    stream: bool | None,
-    compile_step: bool,
-    unknown: str,
-    replace_with: str | None,
-) -> None:
-    """A plain decoder's samples of `text`'s continuation: streamed as they come (one sample, on a terminal or with
-    --stream), printed whole (a header before each of several), or as one JSON object."""
-    num_samples = options.num_samples
-    prompt_ids = model.encode_prompt(text, unknown, replace_with)
-    streaming = not json_out and num_samples == 1 and (stream if stream is not None else sys.stdout.isatty())
-    if streaming:
-        write_flushed(model.tokenizer.decode(prompt_ids))  # the prompt as the model sees it
-    result = model.sample(prompt_ids, options, on_text=write_flushed if streaming else None)
+def print_samples(model, result, streamed: bool, json_out: bool, compile_step: bool) -> None:
+    """A plain decoder's samples (a SampleResult) once drawn: the line that ends a streamed one, each printed whole
+    (a header before each of several), or one JSON object."""
     if json_out:
         out = {
             "samples": result.samples,
@@ -266,11 +264,11 @@ def continue_text(
             "runtime": model.runtime,
         }
         print_json(out | ({"compile_s": round(result.compile_seconds, 3)} if compile_step else {}))
-    elif streaming:
+    elif streamed:
         sys.stdout.write("\n")
     else:
         for i, sample_text in enumerate(result.samples):
-            if num_samples > 1:
+            if len(result.samples) > 1:
                 sys.stdout.write(f"--- sample {i + 1} ---\n")
             sys.stdout.write(sample_text + "\n")
 

@@ -1,14 +1,5 @@
-"""Text generation: a KV-cached decoding loop (and a plain reference loop), stop strings, streaming.
-
-Windowing policy. Every position sees at most block_size characters: itself and those before it.
-- Absolute positions (learned, sinusoidal): when the text no longer fits, the window jumps forward to keep only the
-  last block_size // 2 characters, which are re-encoded once; the next block_size // 2 characters are then decoded
-  from the cache. A prompt longer than the context is treated the same way.
-- Relative positions (RoPE, ALiBi): the window rolls forward one character per step; the cache drops its oldest
-  position and nothing is re-encoded. Each position keeps the keys and values it had when it was decoded, so the
-  model acts as a sliding-window Transformer over the whole text.
-Both loops follow the same policy, so under greedy decoding they produce the same text.
-"""
+"""Text generation: the decoding loop of every runtime (a KV cache, a compiled step, an export's graphs), and
+the samples drawn through it: the seeded chooser, stop strings, streaming (the windowing policy: window.py)."""
 
 from __future__ import annotations
 
@@ -19,53 +10,16 @@ from dataclasses import dataclass
 
 import torch
 
-from charlm.config.schema import ModelConfig
 from charlm.data.tokenizer import Tokenizer, UnknownPolicy
 from charlm.decoding.compiled import compiled_decoder
 from charlm.decoding.options import DecodeOptions, check_values
 from charlm.decoding.sampling import sample_next, seeded_generator
-from charlm.decoding.steps import GraphStep, GraphTextSteps, ModuleTextSteps, TextSteps
+from charlm.decoding.steps import ModuleTextSteps, TextSteps
 from charlm.decoding.stops import StopStrings
 from charlm.errors import UsageError
-from charlm.models.decoder import Decoder, decoder_reach, relative_positions
+from charlm.models.decoder import Decoder
 
 ChooseNext = Callable[[torch.Tensor], torch.Tensor]  # logits (B, V) -> ids (B,)
-
-
-def window_start(length: int, start: int, block_size: int) -> int:
-    """Where the model's window begins once the text is `length` long (it began at `start`)."""
-    if length - start > block_size:
-        return length - max(1, block_size // 2)
-    return start
-
-
-class ContextWindow:
-    """The windowing policy above for one text: where the model's window begins as the text grows. Used by the
-    decoding loops here and by the server's engine, row by row."""
-
-    def __init__(self, model: Decoder | ModelConfig):
-        """The policy of a model, or of a decoder's config where no torch module runs it (an ONNX export)."""
-        config = model if isinstance(model, ModelConfig) else model.config
-        self.relative, self.reach = relative_positions(config), decoder_reach(config)
-        self.block_size = config.block_size
-        self.start = 0
-
-    def advance(self, length: int) -> int:
-        """The window's start once the text is `length` long; encode from there to see all the model can."""
-        if self.relative:  # rolls: the last `reach` positions are all the next one depends on
-            self.start = max(0, length - self.reach)
-        else:
-            self.start = window_start(length, self.start, self.block_size)
-        return self.start
-
-    def jumps(self, length: int) -> bool:
-        """Absolute positions: whether the window must jump forward (and be re-encoded) at this length."""
-        return not self.relative and window_start(length, self.start, self.block_size) != self.start
-
-    def position(self, start: int) -> int:
-        """The position the model gives the window's first character: its place in the text, or 0 for absolute
-        positions, which restart with each window."""
-        return start if self.relative else 0
 
 
 @torch.inference_mode()
@@ -81,7 +35,7 @@ def generate_ids(
     """Yield the next ids (B,) step by step, every row continuing the same prompt; `compile`: single positions go
     through a compiled step with a cache of its own (charlm/decoding/compiled.py)."""
     with module_steps(model, batch, use_cache, compile) as steps:
-        yield from decode_text(steps, ContextWindow(model), prompt, max_new_tokens, batch, choose, steps.device)
+        yield from decode_text(steps, prompt, max_new_tokens, batch, choose)
 
 
 @contextlib.contextmanager
@@ -98,20 +52,14 @@ def module_steps(model: Decoder, batch: int, use_cache: bool, compile: bool) -> 
 
 
 def decode_text(
-    steps: TextSteps,
-    window: ContextWindow,
-    prompt: list[int],
-    max_new_tokens: int,
-    batch: int,
-    choose: ChooseNext,
-    device: torch.device | None = None,
+    steps: TextSteps, prompt: list[int], max_new_tokens: int, batch: int, choose: ChooseNext
 ) -> Iterator[torch.Tensor]:
     """The decoding loop of every runtime: yield the next ids (B,) step by step, every row continuing the prompt.
     First chunks (and windows that jumped) are encoded afresh, single new positions fed one at a time; the ids are
     kept in a (B, L) buffer doubled whenever full, so a huge max_new_tokens takes the memory of what is decoded."""
-    n = len(prompt)
-    tokens = torch.empty(batch, n + min(max_new_tokens, 4096), dtype=torch.long, device=device)  # (B, L)
-    tokens[:, :n] = torch.tensor(prompt, dtype=torch.long, device=device)
+    n, window = len(prompt), steps.window
+    tokens = torch.empty(batch, n + min(max_new_tokens, 4096), dtype=torch.long, device=steps.device)  # (B, L)
+    tokens[:, :n] = torch.tensor(prompt, dtype=torch.long, device=steps.device)
     for _ in range(max_new_tokens):
         if steps.empty or window.jumps(n):  # a first chunk, a jump, or the reference loop's every step
             first = window.advance(n)
@@ -167,14 +115,11 @@ def encode_prompt(tokenizer: Tokenizer, prompt: str, unknown: UnknownPolicy, rep
     return ids
 
 
-def sample(
-    model: Decoder,
-    tokenizer: Tokenizer,
-    prompt_ids: list[int],
-    options: DecodeOptions,
-    on_text: Callable[[str], None] | None = None,
-) -> SampleResult:
-    """Generate num_samples continuations in one batch; on_text streams sample 0's new characters."""
+@contextlib.contextmanager
+def sampling_steps(model: Decoder, options: DecodeOptions) -> Iterator[ModuleTextSteps]:
+    """A torch decoder's steps for options.num_samples rows, under inference mode: its KV cache, none
+    (options.use_cache off: the reference loop), or with options.compile a compiled step, warmed up first (the
+    seconds that took in the steps' compile_seconds)."""
     model.eval()
     compile_seconds = 0.0
     check_values({"compile": options.compile, "use_cache": options.use_cache})
@@ -183,37 +128,34 @@ def sample(
         with compiled_decoder(model, options.num_samples, device, dtype) as compiled:
             compile_seconds = compiled.warm_up()
     with torch.inference_mode(), module_steps(model, options.num_samples, options.use_cache, options.compile) as steps:
-        result = samples_of(steps, ContextWindow(model), tokenizer, prompt_ids, options, on_text, steps.device)
-    result.compile_seconds = compile_seconds
-    return result
+        steps.compile_seconds = compile_seconds
+        yield steps
 
 
-def sample_graph(
-    step: GraphStep,
-    config: ModelConfig,
+def sample(
+    model: Decoder,
     tokenizer: Tokenizer,
     prompt_ids: list[int],
     options: DecodeOptions,
     on_text: Callable[[str], None] | None = None,
 ) -> SampleResult:
-    """sample() through an export's decoder step (onnxruntime): the same loop, window, sampler and stop strings."""
-    return samples_of(GraphTextSteps(step), ContextWindow(config), tokenizer, prompt_ids, options, on_text)
+    """charlm.Model.sample for a bare torch decoder (tests, benchmarks, a model card's sample): num_samples
+    continuations in one batch; on_text streams sample 0's new characters."""
+    with sampling_steps(model, options) as steps:
+        return draw_samples(steps, tokenizer, prompt_ids, options, on_text)
 
 
-def samples_of(
+def draw_samples(
     steps: TextSteps,
-    window: ContextWindow,
     tokenizer: Tokenizer,
     prompt_ids: list[int],
     options: DecodeOptions,
-    on_text: Callable[[str], None] | None,
-    device: torch.device | None = None,
+    on_text: Callable[[str], None] | None = None,
 ) -> SampleResult:
-    """The samples a decoding loop through `steps` draws, whatever runs them: the seeded chooser, the loop, then stop
-    strings and streaming (collect_samples), timed from the first step."""
-    choose, started = seeded_chooser(options), time.perf_counter()
-    ids = decode_text(steps, window, prompt_ids, options.max_new_tokens, options.num_samples, choose, device)
-    return collect_samples(ids, tokenizer, prompt_ids, options, on_text, started)
+    """The samples the decoding loop draws through `steps` (a torch module's or an export's graphs), as
+    charlm.Model.sample draws them: the seeded chooser, the loop, then stop strings and streaming."""
+    drawn = decode_text(steps, prompt_ids, options.max_new_tokens, options.num_samples, seeded_chooser(options))
+    return collect_samples(drawn, tokenizer, prompt_ids, options, on_text, steps.compile_seconds)
 
 
 def seeded_chooser(options: DecodeOptions) -> ChooseNext:
@@ -232,10 +174,12 @@ def collect_samples(
     prompt_ids: list[int],
     options: DecodeOptions,
     on_text: Callable[[str], None] | None,
-    started: float,
+    compile_seconds: float = 0.0,
 ) -> SampleResult:
     """The samples of a decoding loop's ids (B,) step by step: stop strings, whole characters of a byte model,
-    sample 0 streamed to on_text; timed from `started`. Every runtime's samples end here (torch's, onnxruntime's)."""
+    sample 0 streamed to on_text; timed from the first step (the loop runs as it is read here). Every runtime's
+    samples end here (torch's, onnxruntime's)."""
+    started = time.perf_counter()
     prompt = tokenizer.decode(prompt_ids)
     texts: list[list[str]] = [[] for _ in range(options.num_samples)]
     ids: list[list[int]] = [[] for _ in range(options.num_samples)]
@@ -265,4 +209,4 @@ def collect_samples(
     seconds = time.perf_counter() - started
     replaced = sum(tokenizer.replaced(prompt_ids + sample_ids) for sample_ids in ids)
     samples = [prompt + "".join(t) for t in texts]
-    return SampleResult(samples, sum(len(t) for t in ids), seconds, replaced)
+    return SampleResult(samples, sum(len(t) for t in ids), seconds, replaced, compile_seconds)

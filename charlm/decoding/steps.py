@@ -16,8 +16,10 @@ from typing import Any, Protocol
 
 import torch
 
+from charlm.config.schema import ModelConfig
 from charlm.data.pairs import pad_batch
 from charlm.data.tokenizer import BOS, PAD
+from charlm.decoding.window import ContextWindow
 from charlm.models.decoder import Decoder
 from charlm.models.encoder_decoder import EncoderDecoder
 from charlm.models.kvcache import KVCache, StaticCache
@@ -54,6 +56,10 @@ class RuntimeCheck:
 
 
 class TextSteps(Protocol):
+    window: ContextWindow  # where the model's window begins as the text grows
+    device: torch.device | None  # where the ids go (None: onnxruntime's arrays, made on the CPU)
+    compile_seconds: float  # what compiling the step took before the first (0: nothing compiled)
+
     @property
     def empty(self) -> bool: ...
 
@@ -74,7 +80,8 @@ class ModuleTextSteps:
     ):
         self.model, self.cache = model, cache
         self.extend_one = extend_one or (lambda ids: model(ids, cache=cache)[0])
-        self.device = next(model.parameters()).device  # where the ids go
+        self.window, self.compile_seconds = ContextWindow(model), 0.0
+        self.device: torch.device | None = next(model.parameters()).device
 
     @property
     def empty(self) -> bool:
@@ -92,8 +99,10 @@ class ModuleTextSteps:
 class GraphTextSteps:
     """An export's decoder step, its state kept here between calls (None: nothing fed yet)."""
 
-    def __init__(self, step: GraphStep):
+    def __init__(self, step: GraphStep, config: ModelConfig):
         self.step, self.state, self.length = step, None, 0  # length: the position the next new id takes
+        self.window, self.compile_seconds = ContextWindow(config), 0.0
+        self.device: torch.device | None = None  # onnxruntime's arrays are made on the CPU
 
     @property
     def empty(self) -> bool:

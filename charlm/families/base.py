@@ -20,7 +20,6 @@ from charlm.data.lines import LineCorpus
 from charlm.data.pairs import PairCorpus
 from charlm.data.tokenizer import Tokenizer, UnknownPolicy
 from charlm.decoding.generate import encode_prompt as encode_text_prompt
-from charlm.decoding.generate import sample as sample_text
 from charlm.decoding.steps import GraphRuntime, RuntimeCheck
 from charlm.errors import UsageError, shell_path
 from charlm.evaluation.loss import EvalResult
@@ -232,10 +231,6 @@ class Family(abc.ABC, Generic[CorpusT, ModuleT]):
     ) -> list[int]:
         """A prompt's ids: not empty, characters outside the vocabulary refused unless `unknown` says otherwise."""
         return encode_text_prompt(loaded.tokenizer, prompt, unknown, replace_with)
-
-    def sample(self, loaded: Loaded, prompt_ids: list[int], options: Any, on_text: Any = None) -> Any:
-        """`charlm sample`, the REPL and generate(): num_samples continuations of the prompt (a SampleResult)."""
-        return sample_text(self.as_decoder(loaded), loaded.tokenizer, prompt_ids, options, on_text=on_text)
 
     def surprisal(self, loaded: Loaded, ids: list[int]) -> tuple[list[str], list[float | None]]:
         """The server's score view: each character, and -ln p of it given those before (None: nothing before it)."""

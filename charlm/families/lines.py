@@ -141,12 +141,6 @@ class LinesFamily(Family[LineCorpus, Decoder]):
             )
         return ids
 
-    def sample(
-        self, loaded: Loaded, prompt_ids: list[int], options: DecodeOptions, on_text: Any = None
-    ) -> SampleResult:
-        module, frame = self.as_lines(loaded), self.item_frame(loaded)
-        return sample_items(module, loaded.tokenizer, frame, prompt_ids, options, on_text).as_samples()
-
     def surprisal(self, loaded: Loaded, ids: list[int]) -> tuple[list[str], list[float | None]]:
         """Each character of one item and its end symbol, every one predicted (the first from the start symbol)."""
         if len(ids) > item_room(loaded.config.model.block_size):
@@ -159,7 +153,7 @@ class LinesFamily(Family[LineCorpus, Decoder]):
         except UsageError:  # the training list is not here: the card says so
             scores = None
         options = DecodeOptions.from_config(loaded.config.sample, num_samples=10, seed=1)
-        items = self.sample(loaded, [], options).samples
+        items = sample_lines(loaded, [], options).samples
         return lines_facts(loaded, steps, scores, items)
 
 
@@ -266,6 +260,15 @@ def score_lines(
         result = score_items(module, items, strings, loaded.device, batch_size)
     result.file = where
     return result
+
+
+def sample_lines(
+    loaded: Loaded, prompt_ids: list[int], options: DecodeOptions, on_text: Callable[[str], None] | None = None
+) -> SampleResult:
+    """charlm.Model.sample on a lines model: options.num_samples whole items, each begun by the prompt's ids and
+    ended by the end symbol (not shown); on_text streams item 0."""
+    module, frame = loaded.family.as_lines(loaded), loaded.family.item_frame(loaded)
+    return sample_items(module, loaded.tokenizer, frame, prompt_ids, options, on_text).as_samples()
 
 
 def draw_items(

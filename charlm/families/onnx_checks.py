@@ -10,7 +10,7 @@ import torch
 
 from charlm.config.schema import ModelConfig
 from charlm.data.tokenizer import BOS, SPECIAL_CHARS
-from charlm.decoding.generate import ContextWindow, decode_text, generate_ids, sample, sample_graph
+from charlm.decoding.generate import decode_text, draw_samples, generate_ids, sample
 from charlm.decoding.options import DecodeOptions
 from charlm.decoding.rewrite import rewrite, rewrite_graphs
 from charlm.decoding.steps import GraphRuntime, GraphTextSteps, RuntimeCheck
@@ -35,7 +35,7 @@ def decoder_check(loaded: Loaded, module: Decoder, runtime: GraphRuntime) -> Run
     options = DecodeOptions(max_new_tokens=GREEDY_CHARS, temperature=0.0, seed=CHECK_SEED)
     prompt = tokenizer.encode("\n", "skip") or [0]
     ours = sample(module, tokenizer, prompt, options).samples[0]
-    theirs = sample_graph(runtime.step, config, tokenizer, prompt, options).samples[0]
+    theirs = draw_samples(GraphTextSteps(runtime.step, config), tokenizer, prompt, options).samples[0]
     greedy_ids = torch.tensor(prompt + tokenizer.encode(ours[len(tokenizer.decode(prompt)) :], "skip"))
     random_ids = _random_ids(0, tokenizer.vocab_size, 2 * config.block_size + 5, 1)
     (diff_a, steps_a), (diff_b, steps_b) = (
@@ -58,10 +58,8 @@ def _teacher_diff(
     cut = max(1, len(text) // 3)
     prompt, new, rows_text = text[:cut].tolist(), len(text) - cut, text[None].expand(rows, -1)
     ours = _teacher(lambda choose: generate_ids(module, prompt, new, rows, choose), rows_text, cut)
-    graph_steps = GraphTextSteps(runtime.step)
-    theirs = _teacher(
-        lambda choose: decode_text(graph_steps, ContextWindow(config), prompt, new, rows, choose), rows_text, cut
-    )
+    graph_steps = GraphTextSteps(runtime.step, config)
+    theirs = _teacher(lambda choose: decode_text(graph_steps, prompt, new, rows, choose), rows_text, cut)
     return float((ours - theirs).abs().max()), new
 
 

@@ -7,7 +7,7 @@ row, each at its own position. Scoring and attention requests run on the same th
 only ever used by one thread.
 
 Each completion draws from its own seeded generator, so a seed fixes its text whatever else is running (up to the
-rounding differences of a different batch size). The windowing policy is generate.py's ContextWindow, one per row.
+rounding differences of a different batch size). The windowing policy is window.py's ContextWindow, one per row.
 """
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ from typing import Any
 import torch
 
 from charlm.data.tokenizer import StreamDecoder, Tokenizer
-from charlm.decoding.generate import ContextWindow
 from charlm.decoding.options import DecodeOptions
 from charlm.decoding.sampling import sample_rows, seeded_generator
 from charlm.decoding.stops import StopStrings
+from charlm.decoding.window import ContextWindow
 from charlm.errors import UsageError
 from charlm.models.decoder import Decoder
 
@@ -54,7 +54,7 @@ class Completion:
     cancelled: threading.Event = field(default_factory=threading.Event)
     # progress, owned by the engine thread
     tokens: list[int] = field(default_factory=list)  # the whole text so far; the last one not yet in the cache
-    window: ContextWindow | None = None  # where the model's window begins (generate.py's policy), set on joining
+    window: ContextWindow | None = None  # where the model's window begins (window.py's policy), set on joining
     generated: int = 0
     held: list[Piece] = field(default_factory=list)  # pieces whose text `stops` holds back (their logprobs wait)
     stops: StopStrings = field(default_factory=lambda: StopStrings([]))

@@ -90,7 +90,7 @@ class Trainer:
         self.step_tokens = 0  # tokens (target characters, for pairs) of this rank's last step
         self.stop_reason = ""  # why the loop ended: max_steps, max_seconds or early_stop
         # What the steps call: the model, wrapped in DistributedDataParallel under torchrun, then maybe compiled (a
-        # compile that fails on the first step falls back to `uncompiled`: see _first_step).
+        # compile that fails on the first step falls back to `uncompiled`: see _first_step_failed).
         self.uncompiled: nn.Module = model
         if self.dist.active:
             ids = [device.index] if device.type == "cuda" else None
@@ -216,18 +216,13 @@ class Trainer:
         s = self.state
         t0 = time.perf_counter()
         try:
-            if first:
-                loss = self._first_step()
-            else:
-                loss, self.step_tokens = self.stepper.step(self.forward, s.lr, s.step)
-        except RuntimeError as e:
-            if not (first and out_of_memory(e)):
+            loss, self.step_tokens = self.stepper.step(self.forward, s.lr, s.step)
+        except CharlmError:
+            raise
+        except Exception as e:  # compiler errors come in many types (BackendCompilerFailed, InductorError, ...)
+            if not first:
                 raise
-            b, t = self.config.train.batch_size, self.config.model.block_size
-            raise UsageError(
-                f"not enough memory on {self.device} for a step of {b:,} windows x {t:,} characters: choose a "
-                "smaller train.batch_size (train.grad_accum keeps the batch) or model.block_size"
-            ) from None
+            loss = self._first_step_failed(e)
         dt = time.perf_counter() - t0
         if self.stop.requested is not None and first:  # a stop asked for while the first step ran: nothing to keep
             raise self._stopped_before_training()
@@ -244,24 +239,32 @@ class Trainer:
             s.timed_tokens += per_step_tokens
         return loss
 
-    def _first_step(self) -> torch.Tensor:
-        """torch.compile fails lazily, at the first call: fall back to eager with a warning, never a crash."""
-        s = self.state
+    def _first_step_failed(self, e: Exception) -> torch.Tensor:
+        """The first step failed: out of memory is the user's to fix (a smaller batch or context); torch.compile,
+        which fails lazily at the first call, falls back to eager with a warning, never a crash."""
+        if out_of_memory(e):
+            raise self._no_memory_for_a_step() from None
+        if self.forward is self.uncompiled:  # not the compiler's: eager fails the same way
+            raise e
+        if self.stop.requested is not None:  # a stop request, wrapped by the compiler
+            raise self._stopped_before_training() from None
+        self.reporter.warn(f"torch.compile failed ({type(e).__name__}); training without it")
+        self.forward = self.uncompiled
+        self.optimizer.zero_grad(set_to_none=True)
         try:
-            loss, self.step_tokens = self.stepper.step(self.forward, s.lr, s.step)
-            return loss
-        except CharlmError:
+            loss, self.step_tokens = self.stepper.step(self.forward, self.state.lr, self.state.step)
+        except RuntimeError as eager_error:
+            if out_of_memory(eager_error):
+                raise self._no_memory_for_a_step() from None
             raise
-        except Exception as e:  # compiler errors come in many types (BackendCompilerFailed, InductorError, ...)
-            if self.forward is self.uncompiled or out_of_memory(e):  # not the compiler's: eager fails the same way
-                raise
-            if self.stop.requested is not None:  # a stop request, wrapped by the compiler
-                raise self._stopped_before_training() from None
-            self.reporter.warn(f"torch.compile failed ({type(e).__name__}); training without it")
-            self.forward = self.uncompiled
-            self.optimizer.zero_grad(set_to_none=True)
-            loss, self.step_tokens = self.stepper.step(self.forward, s.lr, s.step)
-            return loss
+        return loss
+
+    def _no_memory_for_a_step(self) -> UsageError:
+        b, t = self.config.train.batch_size, self.config.model.block_size
+        return UsageError(
+            f"not enough memory on {self.device} for a step of {b:,} windows x {t:,} characters: choose a "
+            "smaller train.batch_size (train.grad_accum keeps the batch) or model.block_size"
+        )
 
     # -- evaluation and checkpoints --------------------------------------------------------
 

@@ -74,7 +74,7 @@ async function step(ids, start, state) {
   return [out.logits.data.slice((T - 1) * V, T * V), next];
 }
 
-// charlm's windowing policy (charlm/decoding/generate.py's ContextWindow): relative positions roll, absolute ones
+// charlm's windowing policy (charlm/decoding/window.py's ContextWindow): relative positions roll, absolute ones
 // jump forward to the last block_size / 2 characters, re-encoded.
 class ContextWindow {
   constructor(window) {
