@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchlib import append_section
 
-from charlm.config.schema import load_config
+from charlm.config.build import load_config
 from charlm.hardware.device import cpu_bf16_pays, cpu_bf16_units
 from charlm.models.decoder import Decoder
 from charlm.models.linear import onednn_linears, use_onednn

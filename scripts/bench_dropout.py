@@ -24,7 +24,8 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from charlm.config.schema import Config, load_config
+from charlm.config.build import load_config
+from charlm.config.schema import Config
 from charlm.models.decoder import Decoder
 from charlm.models.layers import Dropout
 from charlm.training.budget import plan_budget

@@ -48,7 +48,7 @@ def random_checkpoint(shape: str, folder: Path) -> Path:
     """A randomly initialised decoder of a shipped config's shape, saved as a checkpoint charlm can load."""
     import torch
 
-    from charlm.config.schema import load_config
+    from charlm.config.build import load_config
     from charlm.data.tokenizer import CharTokenizer
     from charlm.families.registry import build_model
     from charlm.storage.checkpoint import save_checkpoint

@@ -42,7 +42,7 @@ CHILD = r"""
 import hashlib, json, sys, torch
 sys.path.insert(0, sys.argv[1])
 try:  # packages by role
-    from charlm.config.schema import load_config
+    from charlm.config.build import load_config
     from charlm.data.tokenizer import CharTokenizer
     from charlm.decoding.generate import sample
     try:

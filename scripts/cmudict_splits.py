@@ -21,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from charlm.config.schema import load_config  # noqa: E402
+from charlm.config.build import load_config  # noqa: E402
 from charlm.data.pairs import Pair, PairCorpus  # noqa: E402
 from charlm.files import atomic_write  # noqa: E402
 

@@ -170,7 +170,7 @@ def test_checkpoint_written_before_the_architecture_keys_loads_with_the_old_beha
 
 
 def test_rope_needs_an_even_head_size():
-    from charlm.config.schema import load_config
+    from charlm.config.build import load_config
     from charlm.errors import UsageError
 
     with pytest.raises(UsageError, match="even head size"):

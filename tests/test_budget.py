@@ -11,7 +11,7 @@ import pytest
 import yaml
 from conftest import REPO, assert_one_line_error, run_cli
 
-from charlm.config.schema import load_config
+from charlm.config.build import load_config
 from charlm.config.sources import find_config
 from charlm.training.budget import plan_budget
 from charlm.training.budget_rule import TABLE, parse_budget, recipe_for, row_for, split_characters
@@ -341,7 +341,7 @@ def test_plain_charlm_train_is_the_rule_at_100_s_and_configs_cpu_yaml_at_the_ref
 OUT_OF_MEMORY_PROBE = """
 import json, resource, sys
 import charlm.training.probe as probe
-from charlm.config.schema import load_config
+from charlm.config.build import load_config
 
 probe.REFERENCE_BATCH = 256  # the probe's first batch: far more than the limit below lets it allocate
 probe.MOST_PROBE_SECONDS = 4.0  # the speed itself is not under test: a short probe

@@ -173,7 +173,7 @@ def test_training_on_a_missing_builtin_corpus_downloads_it_from_its_mirror(tmp_p
 
 
 def test_the_shipped_recipes_hold_the_papers_splits():
-    from charlm.config.schema import load_config
+    from charlm.config.build import load_config
 
     for name, tokenizer in (("enwik8", "byte"), ("text8", "char"), ("enwik8-gpu", "byte"), ("text8-gpu", "char")):
         data = load_config(name).data

@@ -5,7 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from charlm.config.schema import CONFIG_DIRS, Config, load_config, shipped_config_names
+from charlm.config.build import load_config
+from charlm.config.schema import CONFIG_DIRS, Config, shipped_config_names
 from charlm.config.sources import read_yaml_file as yaml_file
 from charlm.errors import UsageError
 
@@ -234,6 +235,6 @@ def test_the_g2p_recipes_hold_out_the_same_words():
 
 def test_a_checkpoints_temperature_from_before_its_bound_loads_at_the_bound():
     """sample.temperature had no upper bound before 1e4: a config saved with more still loads (uniform either way)."""
-    from charlm.config.schema import config_from_dict
+    from charlm.config.build import config_from_dict
 
     assert config_from_dict({"sample": {"temperature": 2e4}}, "a checkpoint").sample.temperature == 1e4

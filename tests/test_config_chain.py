@@ -11,8 +11,9 @@ import torch
 import yaml
 from conftest import REPO, run_cli
 
+from charlm.config.build import load_config
 from charlm.config.origins import key_origins
-from charlm.config.schema import Config, load_config, shipped_config_names
+from charlm.config.schema import Config, shipped_config_names
 from charlm.errors import UsageError
 from charlm.training.budget import plan_budget
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 from conftest import REPO, freeze, last_logged_step, run_cli, train_cli
 
-from charlm.config.schema import load_config
+from charlm.config.build import load_config
 from charlm.data.corpus import Corpus, RandomWindows
 from charlm.hardware.device import seed_everything
 from charlm.models.decoder import Decoder

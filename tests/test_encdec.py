@@ -20,7 +20,7 @@ from conftest import (
 )
 
 import charlm
-from charlm.config.schema import load_config
+from charlm.config.build import load_config
 from charlm.data.pairs import pad_batch
 from charlm.data.tokenizer import BOS, EOS, PAD
 from charlm.decoding.options import DecodeOptions

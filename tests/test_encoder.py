@@ -19,7 +19,7 @@ from conftest import (
 )
 
 import charlm
-from charlm.config.schema import load_config
+from charlm.config.build import load_config
 from charlm.data.corpus import IGNORE
 from charlm.data.masking import hide
 from charlm.errors import UsageError

@@ -12,7 +12,7 @@ from conftest import assert_one_line_error, run_cli, train_cli
 from test_encdec import SHAPE, reversal_file
 
 import charlm
-from charlm.config.schema import load_config
+from charlm.config.build import load_config
 from charlm.data.tokenizer import BOS, PAD
 from charlm.decoding.steps import ModuleTargetSteps
 from charlm.evaluation.transduction import ensemble_total, pairs_total

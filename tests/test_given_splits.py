@@ -11,7 +11,7 @@ import pytest
 from conftest import assert_one_line_error, assert_resume_is_exact, run_cli, train_cli
 from test_encdec import SHAPE
 
-from charlm.config.schema import load_config
+from charlm.config.build import load_config
 from charlm.data.corpus import Corpus
 from charlm.data.lines import LineCorpus
 from charlm.data.pairs import PairCorpus

@@ -8,7 +8,8 @@ import pytest
 from conftest import REPO, callers_signal_handlers, handlers_are
 
 import charlm
-from charlm.config.schema import TrainConfig, load_config
+from charlm.config.build import load_config
+from charlm.config.schema import TrainConfig
 from charlm.training.run import run_training
 from charlm.training.schedule import LRSchedule
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 from conftest import run_cli, train_cli
 
-from charlm.config.schema import load_config
+from charlm.config.build import load_config
 from charlm.models.decoder import Decoder
 from charlm.storage.checkpoint import load_checkpoint
 from charlm.training.optim import make_optimizer

@@ -89,7 +89,7 @@ def test_int8_on_a_gpu_device_is_refused_in_one_line(tiny_checkpoint):
 
 
 def test_a_mixtures_routers_stay_float32_and_a_model_with_nothing_to_quantize_is_refused():
-    from charlm.config.schema import load_config
+    from charlm.config.build import load_config
     from charlm.models.decoder import Decoder
     from charlm.models.layers import MixtureOfExperts
 

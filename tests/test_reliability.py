@@ -15,7 +15,7 @@ import pytest
 import torch
 from conftest import assert_one_line_error, run_cli, train_cli
 
-from charlm.config.schema import load_config
+from charlm.config.build import load_config
 from charlm.errors import UsageError, WorkError
 from charlm.files import atomic_write
 from charlm.hardware.device import require_torch

@@ -9,7 +9,7 @@ import signal
 import pytest
 import torch
 
-from charlm.config.schema import load_config
+from charlm.config.build import load_config
 from charlm.errors import Interrupted, UsageError
 from charlm.storage.checkpoint import load_checkpoint, save_checkpoint
 from charlm.storage.run_state import INVOCATION_FIELDS, RunState

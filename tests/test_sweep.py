@@ -16,7 +16,7 @@ import pytest
 import yaml
 from conftest import REPO, assert_one_line_error, freeze, run_cli, train_cli
 
-from charlm.config.schema import load_config
+from charlm.config.build import load_config
 
 # A model that trains in a fraction of a second; every trial evaluates every 10 steps.
 FIXED = {

@@ -13,7 +13,7 @@ from conftest import assert_one_line_error, assert_resume_is_exact, run_cli, tra
 from test_encdec import SHAPE
 
 import charlm
-from charlm.config.schema import load_config
+from charlm.config.build import load_config
 from charlm.data.pairs import PairBatches, PairCorpus
 from charlm.data.records import SPLIT_SEED
 from charlm.data.tokenizer import UNKNOWN_CHAR

@@ -58,6 +58,7 @@ def info(
     needs_torch()
     from charlm.cli.report import print_model_info
     from charlm.config import schema as cfg
+    from charlm.config.build import load_config
     from charlm.families.registry import model_info
     from charlm.storage.checkpoint import run_checkpoints
     from charlm.storage.loading import load_model_file
@@ -72,7 +73,7 @@ def info(
         ckpt.build_model()  # the same checks as eval and sample: shapes, vocabulary, finite weights
         model_config, vocab, title = ckpt.config.model, ckpt.tokenizer.vocab_size, str(ckpt.path)
     else:
-        loaded = cfg.load_config(config or cfg.DEFAULT_CONFIG, set_ or [])
+        loaded = load_config(config or cfg.DEFAULT_CONFIG, set_ or [])
         model_config = loaded.model
         if loaded.data.tokenizer == "byte" and vocab_size not in (None, 256):
             raise UsageError(f"--vocab-size {vocab_size}: a byte tokenizer's vocabulary is 256; leave --vocab-size out")

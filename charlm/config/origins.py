@@ -9,8 +9,9 @@ from typing import Any
 
 import yaml
 
+from charlm.config.build import traced_config
 from charlm.config.checks import GIVEN_SPLITS
-from charlm.config.schema import DEFAULT_CONFIG, Config, Options, traced_config
+from charlm.config.schema import DEFAULT_CONFIG, Config, Options
 from charlm.config.sources import config_chain
 
 DEFAULT_ORIGIN = "default"  # the schema's own value: no file and no option set the key

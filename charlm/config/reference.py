@@ -8,8 +8,9 @@ from dataclasses import dataclass
 
 import yaml
 
-from charlm.config.schema import DEFAULT_CONFIG, SECTIONS, describe_type, load_config
-from charlm.config.values import field_types
+from charlm.config.build import load_config
+from charlm.config.schema import DEFAULT_CONFIG, SECTIONS
+from charlm.config.values import describe_type, field_types
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """Config files and overrides: finding a shipped config by name, reading YAML safely, following a file's `base:`
 chain, parsing `--set key=value`.
 
-Nothing here knows the keys (file_settings is handed the sections' names): charlm/config/schema.py applies and
+Nothing here knows the keys (file_settings is handed the sections' names): charlm/config/build.py applies and
 validates what these functions read.
 """
 

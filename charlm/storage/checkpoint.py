@@ -17,7 +17,8 @@ from typing import Any
 
 import torch
 
-from charlm.config.schema import Config, config_from_dict
+from charlm.config.build import config_from_dict
+from charlm.config.schema import Config
 from charlm.data.tokenizer import Tokenizer, make_tokenizer
 from charlm.errors import UsageError
 from charlm.families.registry import AnyModel, build_model

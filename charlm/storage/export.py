@@ -9,7 +9,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from charlm.config.schema import config_from_dict
+from charlm.config.build import config_from_dict
 from charlm.data.tokenizer import tokenizer_from_json
 from charlm.errors import UsageError
 from charlm.files import atomic_write, folder_beside, folder_problem, replace_folder

@@ -18,7 +18,8 @@ from typing import Any
 
 import torch
 
-from charlm.config.schema import Config, config_from_dict
+from charlm.config.build import config_from_dict
+from charlm.config.schema import Config
 from charlm.data.tokenizer import Tokenizer, tokenizer_from_json
 from charlm.decoding.steps import RuntimeCheck
 from charlm.errors import UsageError, WorkError

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from charlm.config import schema as cfg
+from charlm.config.build import load_config
 from charlm.config.schema import Config
 from charlm.data.download import ensure_builtin_corpus
 from charlm.errors import UsageError
@@ -55,7 +56,7 @@ def default_budget(
     if given & set(LIMIT_KEYS) or (int(os.environ.get("WORLD_SIZE", "1")) > 1 and speed() is None):
         return None
     try:
-        decoder = family_for(cfg.load_config(cfg.DEFAULT_CONFIG, sets, options)) is family("decoder")
+        decoder = family_for(load_config(cfg.DEFAULT_CONFIG, sets, options)) is family("decoder")
     except UsageError:  # a setting that only the rule's pick makes valid, or a mistake plan_budget will name
         decoder = True
     return DEFAULT_BUDGET if decoder else None
@@ -93,7 +94,7 @@ class BudgetRequest:
             theirs.add("model.attention_dropout")
         chosen = {k: v for k, v in recipe.items() if k not in theirs}
         options = {**self.options, **{k: ("--budget", v) for k, v in chosen.items()}}
-        config = cfg.load_config(self.config_file or cfg.DEFAULT_CONFIG, self.sets, options)
+        config = load_config(self.config_file or cfg.DEFAULT_CONFIG, self.sets, options)
         say(self.describe(config, (chars, val_chars), sorted(k for k in recipe if k in self.user_keys)))
         return config
 
@@ -203,7 +204,7 @@ def _check_with_rule(
     rule = {k: v for k, v in recipe_for(seconds, ANY_CORPUS_CHARS, speed=speed).items() if k not in user_keys}
     with_rule = {**options, **{k: ("--budget", v) for k, v in rule.items()}}
     try:
-        return cfg.load_config(config_file or cfg.DEFAULT_CONFIG, sets, with_rule)  # every other mistake as usual
+        return load_config(config_file or cfg.DEFAULT_CONFIG, sets, with_rule)  # every other mistake as usual
     except UsageError as e:
         problems = [p for p in e.details or [str(e)] if not p.startswith("unknown ")]  # a typo's, not the rule's
         shape = [k for k in rule if k not in FIXED and rule[k] is not None]  # FIXED: the default config's own

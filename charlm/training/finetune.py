@@ -15,8 +15,9 @@ from typing import Any, cast
 
 import torch
 
+from charlm.config.build import raise_all
 from charlm.config.checks import config_problems
-from charlm.config.schema import Config, ModelConfig, raise_all
+from charlm.config.schema import Config, ModelConfig
 from charlm.data.prepare import prepare
 from charlm.data.tokenizer import CharTokenizer, Tokenizer
 from charlm.errors import UsageError

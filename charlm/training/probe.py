@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from charlm.config import schema as cfg
+from charlm.config.build import load_config
 from charlm.config.schema import Config
 from charlm.errors import UsageError
 from charlm.families.registry import build_model
@@ -93,7 +94,7 @@ def reference_config(run: Config, batch_size: int) -> Config:
     t = run.train
     sets = [*REFERENCE_SETS, f"train.batch_size={batch_size}", f"train.device={t.device}"]
     sets += [f"train.dtype={t.dtype}", f"train.cpu_linear={t.cpu_linear}"]
-    return cfg.load_config(cfg.DEFAULT_CONFIG, sets)
+    return load_config(cfg.DEFAULT_CONFIG, sets)
 
 
 def measure_speed(run: Config, say: Callable[[str], None]) -> Speed:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from charlm.config import schema as cfg
+from charlm.config.build import explicit_settings, load_config, raise_all
 from charlm.config.checks import config_problems
 from charlm.config.schema import Config
 from charlm.data.download import ensure_builtin_corpus
@@ -141,7 +142,7 @@ def resolve_run(
     # With a budget, the run's config waits for the rule (planned.config): plan_budget has checked the settings.
     settings, changes = (None, {}) if planned else requested_config(config_file, sets, options, resume, init_from)
     if init_from is not None and not resume:  # the source's model, unless the command line asks otherwise
-        changes = {k: v for k, v in cfg.explicit_settings(sets, options).items() if k in SOURCE_KEYS}
+        changes = {k: v for k, v in explicit_settings(sets, options).items() if k in SOURCE_KEYS}
     folder = Path(out_dir) if out_dir is not None else RUNS_DIR / Path(config_file or cfg.DEFAULT_CONFIG).stem
     return RunRequest(folder, settings, changes, resume, overwrite, init_from, extend_vocab, planned)
 
@@ -159,13 +160,13 @@ def requested_config(
         own = SOURCE_KEYS - {"model.arch"}  # the arch stays: it and data.format must agree in the run's config
         other_sets = [item for item in sets if cfg.parse_set(item).key not in own]
         other_options = {k: v for k, v in options.items() if k not in own}
-        return cfg.load_config(config_file or cfg.DEFAULT_CONFIG, other_sets, other_options), {}
+        return load_config(config_file or cfg.DEFAULT_CONFIG, other_sets, other_options), {}
     if not resume:
-        return cfg.load_config(config_file or cfg.DEFAULT_CONFIG, sets, options), {}
-    explicit = cfg.explicit_settings(sets, options)
+        return load_config(config_file or cfg.DEFAULT_CONFIG, sets, options), {}
+    explicit = explicit_settings(sets, options)
     if config_file is None:
         return None, explicit
-    given = cfg.load_config(config_file, sets, options).flat()
+    given = load_config(config_file, sets, options).flat()
     if "data.path" not in explicit:
         given.pop("data.path")
     return None, given
@@ -195,11 +196,11 @@ def resume_config(saved: Config, given: dict[str, Any]) -> Config:
             f"{key} cannot change when resuming (the run has {saved_values[key]!r}, this command gives "
             f"{value!r}); {why}. Start a new run with another --out-dir, or drop the setting"
         )
-    cfg.raise_all(errors)
+    raise_all(errors)
     for key, value in changes.items():
         section, name = key.split(".", 1)
         setattr(getattr(saved, section), name, value)
-    cfg.raise_all(config_problems(saved))  # the changes beside the run's other keys (both limits 0, say)
+    raise_all(config_problems(saved))  # the changes beside the run's other keys (both limits 0, say)
     return saved
 
 

@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 
 from charlm.config import schema as cfg
+from charlm.config.build import load_config, setting_problem
 from charlm.config.schema import Config, Setting
 from charlm.config.sources import load_yaml, suggestion
 from charlm.errors import UsageError
@@ -79,7 +80,7 @@ class SweepSpec:
         options |= {"train.max_seconds": (f"{where} budget", self.seconds)}
         options |= {"train.max_steps": (f"{where} budget", self.steps)}
         options |= {key: (f"{where} params: {key}={value!r}", value) for key, value in values.items()}
-        return cfg.load_config(self.config or cfg.DEFAULT_CONFIG, [], options)
+        return load_config(self.config or cfg.DEFAULT_CONFIG, [], options)
 
     def grid(self) -> list[dict[str, Any]]:
         """Every combination of the choices, the first key's changing slowest."""
@@ -197,7 +198,7 @@ def _fixed(raw: Any, where: str, errors: list[str]) -> dict[str, Any]:
         if key in LIMITS:
             errors.append(f"{where} set: {key} is each trial's limit: give it as the spec's budget (docs/sweeps.md)")
             continue
-        problem = cfg.setting_problem(Setting(key, value, f"{where} set"))
+        problem = setting_problem(Setting(key, value, f"{where} set"))
         if problem:
             errors.append(problem)
         fixed[key] = value
@@ -291,7 +292,7 @@ def _param(key: str, body: dict[str, Any], source: str, errors: list[str]) -> Pa
             if isinstance(value, (list, dict)):
                 errors.append(f"{source}: each choice must be a single value (number, string, true/false, null)")
                 return None
-            problem = cfg.setting_problem(Setting(key, value, source))
+            problem = setting_problem(Setting(key, value, source))
             if problem:
                 errors.append(problem)
                 return None
@@ -317,7 +318,7 @@ def _param(key: str, body: dict[str, Any], source: str, errors: list[str]) -> Pa
     ends = (int(low), int(high)) if integer else (float(low), float(high))
     probes = [*ends] if integer else [*ends, (ends[0] + ends[1]) / 2]  # a float: an integer key refuses it
     for value in probes:
-        problem = cfg.setting_problem(Setting(key, value, source))
+        problem = setting_problem(Setting(key, value, source))
         if problem:
             hint = " (an integer key takes int: true)" if "expected an integer" in problem else ""
             errors.append(problem + hint)
