@@ -237,6 +237,6 @@ def test_a_dev_file_s_unseen_characters_are_read_as_the_unknown_symbol_when_the_
     assert result.returncode == 0, result.stderr
     said = f"{dev}: 6 characters the training file lacks, in 2 lines, read as the unknown symbol (data.unknown_dropout)"
     assert said in result.stderr and "2 of those lines' targets hold one" in result.stderr
-    expected = {str(dev): {"chars": 6, "lines": 2, "target_lines": 2}}
+    expected = {str(dev): {"chars": 6, "lines": 2, "target_lines": 2, "features": 0}}
     assert json.loads(result.stdout.splitlines()[-1])["unseen_chars"] == expected
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["unseen_chars"] == expected

@@ -291,6 +291,11 @@ class Model:
         """A source's ids: not empty, within the context, without the reserved control characters."""
         return encoder_decoder_family.encode_source(self, source, unknown, replace_with)
 
+    def unseen_inputs(self, source: str) -> int:
+        """How many inputs of an encoder-decoder's source (as given: SOURCE<TAB>FEATURES with a features column) the
+        model never saw: what --unknown refuses or replaces."""
+        return encoder_decoder_family.unseen_inputs(self.tokenizer, string_argument(source, "source"))
+
     def transduction_attention(self, source: str, unknown: UnknownPolicy = "error") -> dict[str, Any]:
         """An encoder-decoder's attention on a source and its greedy target: {"source": chars, "target": chars
         (each decoder position's output, the last being the end), "encoder": (Le, nh, S, S), "decoder":

@@ -134,7 +134,8 @@ def attention(
         check_image_target(output)
     model = load(checkpoint_path(checkpoint), "cpu")
     given, prompt = prompt is not None, DEFAULT_ATTENTION_PROMPT if prompt is None else prompt
-    if unseen := model.tokenizer.unknown_chars(prompt):  # a map shows the model's own characters, nothing stands in
+    features = model.tokenizer.features is not None  # SOURCE<TAB>FEATURES: checked as the source is encoded
+    if not features and (unseen := model.tokenizer.unknown_chars(prompt)):  # a map shows the model's own inputs
         shown = ", ".join(f"{c!r} (U+{ord(c):04X})" for c in unseen[:10])
         if not given:
             raise UsageError(

@@ -72,7 +72,10 @@ def print_transduction_result(r: TransductionResult) -> None:
     for note in r.skipped:
         stderr_console().print(note, markup=False)
     if r.unknown_lines:
-        what = f"{_count(r.unknown_chars, 'such character')} replaced" if r.unknown_chars else "left out"
+        replaced = r.unknown_chars + r.unknown_features
+        parts = [_count(n, noun) for n, noun in ((r.unknown_chars, "such character"), (r.unknown_features, "feature"))]
+        what = " and ".join(p for p, n in zip(parts, (r.unknown_chars, r.unknown_features), strict=True) if n)
+        what = f"{what} replaced" if replaced else "left out"
         stderr_console().print(
             f"{_count(r.unknown_lines, 'line')} of {r.file} with characters the model never saw: {what}", markup=False
         )

@@ -288,7 +288,8 @@ class Rewriting:
 
 
 def rewrite_lines(model, prompt, prompt_file, rewriting: Rewriting, json_out: bool) -> None:
-    """--prompt: the target alone; --prompt-file: source<TAB>target for every non-blank line."""
+    """--prompt: the target alone; --prompt-file: source<TAB>target for every non-blank line (with a features
+    column, the line in the training file's layout: source, features and target)."""
     unknown, replace_with, members, beam = rewriting.unknown, rewriting.replace_with, rewriting.members, rewriting.beam
     from charlm.data.corpus import read_prompt
 
@@ -306,7 +307,7 @@ def rewrite_lines(model, prompt, prompt_file, rewriting: Rewriting, json_out: bo
             where = f"line {number} of {prompt_file}: " if prompt_file is not None else ""
             raise UsageError(where + str(e)) from None
     sources = [line for _, line in numbered]
-    unseen = [sum(c not in model.tokenizer.stoi for c in line) for line in sources]
+    unseen = [model.unseen_inputs(line) for line in sources]
     if any(unseen):  # --unknown replace (error stopped above): say how much of the input was not read as written
         learned = UNKNOWN_CHAR in model.tokenizer.stoi
         what = "read as the unknown symbol" if learned else "read as a stand-in (the model learned no unknown symbol)"
@@ -324,7 +325,19 @@ def rewrite_lines(model, prompt, prompt_file, rewriting: Rewriting, json_out: bo
     elif prompt_file is None:
         sys.stdout.write(targets[0] + "\n")
     else:
-        sys.stdout.writelines(f"{line}\t{t}\n" for (_, line), t in zip(numbered, targets, strict=True))
+        layout = model.config.data.columns
+        sys.stdout.writelines(
+            _data_line(line, t, layout) + "\n" for (_, line), t in zip(numbered, targets, strict=True)
+        )
+
+
+def _data_line(source: str, target: str, layout: str) -> str:
+    """A rewritten source as a line of the training file's layout (data.columns): source<TAB>target, or with the
+    features column where the file has it (the shared tasks' submission format)."""
+    if layout == "source-target-features":
+        chars, _, features = source.partition("\t")
+        return f"{chars}\t{target}\t{features}"
+    return f"{source}\t{target}"
 
 
 def fill(

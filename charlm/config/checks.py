@@ -39,6 +39,16 @@ def config_problems(config: Any) -> list[str]:
             f"data.unknown_dropout ({config.data.unknown_dropout}) is for data.format pairs (source characters read "
             "as the unknown symbol); set it to 0 or use pairs"
         )
+    if config.data.columns != "source-target" and config.data.format != "pairs":
+        errors.append(
+            f"data.columns ({config.data.columns}) is for data.format pairs (a features column beside source and "
+            "target); leave it at source-target or use pairs"
+        )
+    if not config.data.feature_separator or any(c in "\t\r\n" for c in config.data.feature_separator):
+        errors.append(
+            f"data.feature_separator must be one or more characters other than a tab or a newline, got "
+            f"{config.data.feature_separator!r}"
+        )
     if config.train.max_steps == 0 and config.train.max_seconds == 0:
         errors.append("train.max_steps and train.max_seconds are both 0: set at least one limit")
     if not valid_device_name(config.train.device):

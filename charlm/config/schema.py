@@ -81,6 +81,13 @@ class DataConfig:
         "decoder; docs/lines.md); pairs and lines are split by lines after a seeded shuffle (val/test fractions and "
         "sizes count lines; for pairs, sources: a source's lines stay together), empty lines skipped",
     )
+    columns: Literal["source-target", "source-features-target", "source-target-features"] = documented(
+        "source-target",
+        "pairs: the columns of a line. source-features-target is the inflection shared tasks' lemma<TAB>features<TAB>"
+        "form, source-target-features UniMorph's lemma<TAB>form<TAB>features; each feature (split at "
+        "data.feature_separator) is one input of the encoder, never read as characters (docs/rewriting.md)",
+    )
+    feature_separator: str = documented(";", "pairs with a features column: what separates one feature from the next")
     skip_bad_lines: bool = documented(
         False,
         "pairs: skip lines without exactly one tab, with an empty side, too long or holding a reserved control "

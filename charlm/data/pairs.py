@@ -16,6 +16,7 @@ import torch
 
 from charlm.config.schema import DataConfig
 from charlm.data.corpus import IGNORE, read_text
+from charlm.data.features import FEATURE_RANGE, FeatureTable, column_places, is_feature_symbol, layout_words
 from charlm.data.records import MODEL_FIX, RecordSplits, refuse_or_skip
 from charlm.data.tokenizer import (
     BOS,
@@ -37,13 +38,14 @@ TRAINING_FIX = "fix them, or set data.skip_bad_lines=true to train on the other 
 
 
 class Unseen(NamedTuple):
-    """Characters of a file the model never saw: how many were read as the unknown symbol (or another replacement),
-    how many lines held one (replaced, or left out with --unknown skip), and in how many of those lines a target did:
-    a target the model cannot write, which no hypothesis matches."""
+    """What of a file the model never saw: how many characters (and features, with a features column) were read as
+    the unknown symbol (or another replacement), how many lines held one (replaced, or left out with --unknown skip),
+    and in how many of those lines a target did: a target the model cannot write, which no hypothesis matches."""
 
     chars: int
     lines: int
     target_lines: int = 0
+    features: int = 0
 
     def words(self, path: str) -> str:
         """'kor_dev.tsv: 37 characters the training file lacks, in 30 lines, read as the unknown symbol ...'"""
@@ -52,47 +54,78 @@ class Unseen(NamedTuple):
             if self.target_lines
             else ""
         )
+        counted = [(self.chars, "character"), (self.features, "feature")]
+        what = " and ".join(f"{n} {noun}{'s' * (n != 1)}" for n, noun in counted if n or noun == "character")
+        if self.features and not self.chars:
+            what = f"{self.features} feature{'s' * (self.features != 1)}"
         return (
-            f"{path}: {self.chars} character{'s' * (self.chars != 1)} the training file lacks, in {self.lines} "
-            f"line{'s' * (self.lines != 1)}, read as the unknown symbol (data.unknown_dropout){targets}"
+            f"{path}: {what} the training file lacks, in {self.lines} line{'s' * (self.lines != 1)}, read as the "
+            f"unknown symbol (data.unknown_dropout){targets}"
         )
 
 
 def read_pairs(
-    path: str | Path, block_size: int, skip_bad: bool, say: Callable[[str], None], fix: str = TRAINING_FIX
+    path: str | Path,
+    block_size: int,
+    skip_bad: bool,
+    say: Callable[[str], None],
+    fix: str = TRAINING_FIX,
+    table: FeatureTable | None = None,
+    columns: str = "source-target",
 ) -> list[tuple[str, str]]:
-    """The (source, target) strings of a TSV file, every problem line reported at once, refused ending with `fix`."""
+    """The (source, target) strings of a TSV file, every problem line reported at once, refused ending with `fix`.
+    With a features column (`table`, in the `columns` order), a source is its characters then one symbol per
+    feature (charlm/data/features.py); the table grows with features it has not seen."""
     text = read_text(path)
     problems: dict[str, list[int]] = {}
     pairs: list[tuple[str, str]] = []
     lines = text.split("\n")
     if lines and lines[-1] == "":
         lines.pop()  # the newline that ends the last line
+    at_source, at_features, at_target = column_places(columns)
+    tabs = len(columns.split("-")) - 1
     for number, line in enumerate(lines, start=1):
         line = line.removesuffix("\r")
         parts = line.split("\t")
-        if len(parts) != 2:
-            problems.setdefault("without exactly one tab", []).append(number)
-        elif not parts[0] or not parts[1]:
-            problems.setdefault("with an empty side", []).append(number)
-        elif len(parts[0]) > block_size or len(parts[1]) + 1 > block_size:
-            problems.setdefault(
-                f"longer than the context (source > {block_size} or target > {block_size - 1})", []
-            ).append(number)
+        if len(parts) != tabs + 1:
+            problem = "without exactly one tab" if tabs == 1 else f"without exactly two tabs ({layout_words(columns)})"
+            problems.setdefault(problem, []).append(number)
+        elif not all(parts):
+            problems.setdefault("with an empty side" if tabs == 1 else "with an empty column", []).append(number)
         elif any(c in SPECIAL_CHARS for c in line):
             problems.setdefault(f"holding a reserved control character ({SPECIAL_CODES})", []).append(number)
+        elif table is not None and any(is_feature_symbol(c) for c in line):
+            problems.setdefault(f"holding a character of {FEATURE_RANGE} (kept for features)", []).append(number)
         else:
-            pairs.append((parts[0], parts[1]))
+            source, target = parts[at_source], parts[at_target]
+            if table is not None and at_features is not None:
+                source = table.compose(source, parts[at_features], grow=True)
+            if len(source) > block_size or len(target) + 1 > block_size:
+                problems.setdefault(
+                    f"longer than the context (source > {block_size} or target > {block_size - 1})", []
+                ).append(number)
+            else:
+                pairs.append((source, target))
     refuse_or_skip(problems, str(path), skip_bad, fix, say)
     if not pairs:
-        raise UsageError(f"{path} holds no source<TAB>target line to train on")
+        raise UsageError(f"{path} holds no {layout_words(columns)} line to train on")
     return pairs
 
 
-def pair_tokenizer(pairs: list[tuple[str, str]], with_unknown: bool = False) -> CharTokenizer:
-    """PAD, BOS, EOS, then every character of both sides and (with_unknown) the unknown symbol, sorted."""
+def pair_tokenizer(
+    pairs: list[tuple[str, str]], with_unknown: bool = False, features: FeatureTable | None = None
+) -> CharTokenizer:
+    """PAD, BOS, EOS, then every character of both sides (a features column's symbols last) and (with_unknown)
+    the unknown symbol, sorted."""
     chars = {c for s, t in pairs for c in s + t} | ({UNKNOWN_CHAR} if with_unknown else set())
-    return CharTokenizer(SPECIAL_CHARS + sorted(chars))
+    return CharTokenizer(SPECIAL_CHARS + sorted(chars), features)
+
+
+def named(char: str, table: FeatureTable | None) -> str:
+    """How a message names one unseen input: a feature by its name, a character with its code point."""
+    if table is not None and is_feature_symbol(char):
+        return f"feature {table.name(char)!r}"
+    return f"{char!r} (U+{ord(char):04X})"
 
 
 class PairCorpus(RecordSplits[Pair]):
@@ -127,22 +160,28 @@ class PairCorpus(RecordSplits[Pair]):
         characters as it, said and counted, as it was trained to (data.unknown_dropout): a shared task's own dev
         file need not be edited to be used; the training file's own are refused."""
         line_fix = TRAINING_FIX if tokenizer is None else MODEL_FIX
-        strings = read_pairs(data.path, block_size, data.skip_bad_lines, say, line_fix)
-        model_tokenizer = tokenizer or pair_tokenizer(strings, data.unknown_dropout > 0)
+        table = feature_reading(data, tokenizer)  # grows with the features of each file read
+        strings = read_pairs(data.path, block_size, data.skip_bad_lines, say, line_fix, table, data.columns)
+        model_features = FeatureTable(table.tags, table.separator) if table is not None else None  # the file's
+        model_tokenizer = tokenizer or pair_tokenizer(strings, data.unknown_dropout > 0, model_features)
         known = set(model_tokenizer.chars)
         counts: dict[str, Unseen] = {}
 
         def encoded(path: str, strings: list[tuple[str, str]], hint: str, policy: UnknownPolicy) -> list[Pair]:
             unseen = sorted({c for s, t in strings for c in s + t} - known)
             if unseen and policy == "error":
-                shown = ", ".join(f"{c!r} (U+{ord(c):04X})" for c in unseen[:10])
+                shown = ", ".join(named(c, table) for c in unseen[:10])
                 raise UsageError(
                     f"{path} has characters the model has never seen: {shown}" + (f"; {hint}" if hint else "")
                 )
             if unseen:
                 held = [sum(c not in known for c in s + t) for s, t in strings]
                 in_targets = sum(any(c not in known for c in t) for _, t in strings)
-                counts[path] = Unseen(sum(held) if policy == "replace" else 0, sum(n > 0 for n in held), in_targets)
+                features = sum(is_feature_symbol(c) and c not in known for s, _ in strings for c in s)
+                replaced = policy == "replace"
+                counts[path] = Unseen(
+                    sum(held) - features if replaced else 0, sum(n > 0 for n in held), in_targets, features * replaced
+                )
                 if policy == "skip":
                     strings = [pair for pair, n in zip(strings, held, strict=True) if not n]
             fill = pair_replacement(model_tokenizer, replacement)
@@ -169,7 +208,7 @@ class PairCorpus(RecordSplits[Pair]):
                 )
             )
             learned = UNKNOWN_CHAR in known and unknown is None  # read as the symbol it was trained for
-            pairs = read_pairs(path, block_size, data.skip_bad_lines, say, line_fix)
+            pairs = read_pairs(path, block_size, data.skip_bad_lines, say, line_fix, table, data.columns)
             out = encoded(path, pairs, fix, "replace" if learned else unknown or "error")
             if learned and path in counts:
                 say(counts[path].words(path))
@@ -178,6 +217,16 @@ class PairCorpus(RecordSplits[Pair]):
         corpus = cls.shuffled(model_tokenizer, encoded(data.path, strings, hint, unknown or "error"), data, read_given)
         corpus.unknown_counts = counts
         return corpus
+
+
+def feature_reading(data: DataConfig, tokenizer: Tokenizer | None) -> FeatureTable | None:
+    """The features table files are read with: none without a features column, else a copy of the model's (a
+    file's unseen features grow the copy, never the model's), or an empty one for a new model."""
+    if data.columns == "source-target":
+        return None
+    if tokenizer is not None and tokenizer.features is not None:
+        return tokenizer.features.copy()
+    return FeatureTable(separator=data.feature_separator)
 
 
 class ReplacedTarget(list):

@@ -6,6 +6,7 @@ import codecs
 import json
 from typing import ClassVar, Literal, Union
 
+from charlm.data.features import FeatureTable
 from charlm.errors import UsageError
 
 UnknownPolicy = Literal["error", "skip", "replace"]
@@ -41,12 +42,13 @@ def check_unknown_policy(unknown: str) -> None:
 
 
 class CharTokenizer:
-    """One id per distinct character of the training text; text must be valid UTF-8."""
+    """One id per distinct character of the training text; text must be valid UTF-8. A vocabulary of pairs with a
+    features column also holds one symbol per feature, named by `features` (charlm/data/features.py)."""
 
     kind: TokenizerKind = "char"
     unit = "char"
 
-    def __init__(self, chars: str | list[str]):
+    def __init__(self, chars: str | list[str], features: FeatureTable | None = None):
         chars = list(chars)
         if not chars:
             raise UsageError("cannot build a vocabulary from an empty text")
@@ -54,6 +56,7 @@ class CharTokenizer:
             raise UsageError("a vocabulary must list distinct single characters")
         self.chars = chars
         self.stoi = {c: i for i, c in enumerate(chars)}
+        self.features = features
 
     @classmethod
     def from_text(cls, text: str) -> CharTokenizer:
@@ -77,6 +80,10 @@ class CharTokenizer:
 
     def decode(self, ids: list[int]) -> str:
         return "".join(self.chars[i] for i in ids)
+
+    def label(self, i: int) -> str:
+        """One input as people read it: a character as itself, a feature as its name (`V`, `PST`)."""
+        return self.features.label(self.chars[i]) if self.features is not None else self.chars[i]
 
     def stream_decoder(self) -> StreamDecoder:
         return StreamDecoder(self)
@@ -104,19 +111,22 @@ class CharTokenizer:
             "use --unknown skip or --unknown replace to accept them"
         )
 
-    # JSON round-trip (never pickle): the vocabulary is just its characters in id order.
+    # JSON round-trip (never pickle): the vocabulary is its characters in id order, and the features' names (in
+    # their symbols' order) where it has a features column.
     def to_json(self) -> str:
-        return json.dumps({"chars": self.chars}, ensure_ascii=False)
+        features = {"features": self.features.model_tags()} if self.features is not None else {}
+        return json.dumps({"chars": self.chars} | features, ensure_ascii=False)
 
     @classmethod
-    def from_json(cls, text: str) -> CharTokenizer:
+    def from_json(cls, text: str, separator: str = ";") -> CharTokenizer:
         try:
-            chars = json.loads(text)["chars"]
+            saved = json.loads(text)
+            chars = saved["chars"]
         except (ValueError, KeyError, TypeError) as e:
             raise UsageError(f"not a charlm vocabulary (expected JSON with a 'chars' list): {e}") from e
         if not isinstance(chars, list) or not all(isinstance(c, str) for c in chars):
             raise UsageError("not a charlm vocabulary: 'chars' must be a list of characters")
-        return cls(chars)
+        return cls(chars, feature_table(saved.get("features"), separator))
 
 
 class ByteTokenizer:
@@ -126,6 +136,7 @@ class ByteTokenizer:
     kind: TokenizerKind = "byte"
     unit = "byte"
     vocab_size = 256
+    features = None  # bytes have no features column
     chars: ClassVar[list[str]] = [
         chr(b) for b in range(256)
     ]  # labels only (Latin-1); decode() is the real reading of ids
@@ -147,6 +158,9 @@ class ByteTokenizer:
 
     def unknown_chars(self, text: str) -> list[str]:
         return []
+
+    def label(self, i: int) -> str:
+        return self.chars[i]
 
     def to_json(self) -> str:
         return json.dumps({"bytes": True})
@@ -172,12 +186,22 @@ class StreamDecoder:
         return self.bytes.decode(b"", final=True) if self.bytes is not None else ""
 
 
-def make_tokenizer(kind: str, vocab: list | None) -> Tokenizer:
-    """The tokenizer a config and a saved vocabulary describe (the one place that decides)."""
+def feature_table(tags: object, separator: str) -> FeatureTable | None:
+    """A saved vocabulary's features (None: it has no features column), checked."""
+    if tags is None:
+        return None
+    if not isinstance(tags, list) or not all(isinstance(t, str) and t for t in tags):
+        raise UsageError("not a charlm vocabulary: 'features' must be a list of feature names")
+    return FeatureTable(tags, separator)
+
+
+def make_tokenizer(kind: str, vocab: list | None, features: object = None, separator: str = ";") -> Tokenizer:
+    """The tokenizer a config and a saved vocabulary describe (the one place that decides); `features`: the saved
+    features' names, read with the config's data.feature_separator."""
     if kind == "byte":
         return ByteTokenizer()
-    return CharTokenizer(vocab or [])
+    return CharTokenizer(vocab or [], feature_table(features, separator))
 
 
-def tokenizer_from_json(kind: str, text: str) -> Tokenizer:
-    return ByteTokenizer() if kind == "byte" else CharTokenizer.from_json(text)
+def tokenizer_from_json(kind: str, text: str, separator: str = ";") -> Tokenizer:
+    return ByteTokenizer() if kind == "byte" else CharTokenizer.from_json(text, separator)

@@ -68,6 +68,7 @@ class TransductionResult(InNats):
     unknown_chars: int = 0  # characters the model never saw in the file scored, replaced (--unknown replace)
     unknown_lines: int = 0  # the file's lines that held one (replaced, or left out with --unknown skip)
     unknown_target_lines: int = 0  # of those, lines whose target held one: the model cannot write it, so never right
+    unknown_features: int = 0  # a features column's features the model never saw, replaced as unseen characters are
     single_reference: dict[str, Any] = field(default_factory=dict)  # the figures line by line
     skipped: list[str] = field(default_factory=list)  # lines left out as data.skip_bad_lines says, in words
 

@@ -11,6 +11,7 @@ import torch
 
 from charlm.config.schema import Config, ModelConfig
 from charlm.data.corpus import for_file, same_path, split_file
+from charlm.data.features import FEATURE_RANGE, is_feature_symbol
 from charlm.data.pairs import Pair, PairBatches, PairCorpus
 from charlm.data.tokenizer import (
     BOS,
@@ -108,7 +109,7 @@ class EncoderDecoderFamily(Family[PairCorpus, EncoderDecoder]):
             corpus = PairCorpus.from_config(data, loaded.config.model.block_size, loaded.tokenizer)
         except UsageError:  # the training pairs are not here: the card says so
             return encoder_decoder_facts(loaded, steps, None, [])
-        sources = [loaded.tokenizer.decode(s) for s, _ in corpus.val[:5]]
+        sources = [shown_source(loaded.tokenizer, s) for s, _ in corpus.val[:5]]
         examples = list(zip(sources, rewrite_sources(loaded, sources), strict=True))
         scores = evaluate_pairs(loaded).to_dict()
         return encoder_decoder_facts(loaded, steps, scores, examples)
@@ -168,13 +169,15 @@ def ensemble_models(loaded: Loaded, ensemble: Sequence[Loaded] = ()) -> Models:
 def encode_source(
     loaded: Loaded, source: str, unknown: UnknownPolicy = "error", replace_with: str | None = None
 ) -> list[int]:
-    """A source's ids: not empty, within the context, without the reserved control characters."""
+    """A source's ids: not empty, within the context, without the reserved control characters; with a features
+    column, given as SOURCE<TAB>FEATURES, each feature one input."""
     if any(c in SPECIAL_CHARS for c in source):
         raise UsageError(f"a source may not hold {SPECIAL_CODES} (the padding, start and end symbols)")
     if unknown == "replace":
         refuse_special_replacement(replace_with, "the replacement character")
     if not source:
         raise UsageError("a source must have at least one character")
+    source = source_inputs(loaded.tokenizer, source, unknown != "error")
     chars = loaded.tokenizer.chars
     if unknown == "replace" and replace_with is None and " " not in chars and UNKNOWN_CHAR not in chars:
         replace_with = chars[len(SPECIAL_CHARS)]  # the first real character, never padding
@@ -187,6 +190,31 @@ def encode_source(
     return ids
 
 
+def source_inputs(tokenizer: Tokenizer, source: str, unknown_ok: bool = True) -> str:
+    """A source as the encoder reads it: as given, or with a features column its characters then one symbol per
+    feature (charlm/data/features.py); a feature the model never saw is refused unless `unknown_ok`."""
+    if tokenizer.features is None:
+        return source
+    if any(is_feature_symbol(c) for c in source):
+        raise UsageError(f"a source may not hold characters of {FEATURE_RANGE}: they stand for features")
+    return tokenizer.features.given_source(source, unknown_ok)
+
+
+def unseen_inputs(tokenizer: Tokenizer, source: str) -> int:
+    """How many of a given source's inputs the model never saw: characters, and with a features column features."""
+    known = set(getattr(tokenizer, "chars", []))
+    if tokenizer.features is None:
+        return sum(c not in known for c in source)
+    chars, _, features = source.partition("\t")
+    return sum(c not in known for c in chars) + len(tokenizer.features.unseen_tags(features))
+
+
+def shown_source(tokenizer: Tokenizer, ids: list[int]) -> str:
+    """A source's ids as users write the source: with a features column, SOURCE<TAB>FEATURES."""
+    text = tokenizer.decode(ids)
+    return tokenizer.features.shown(text) if tokenizer.features is not None else text
+
+
 def transduction_attention(loaded: Loaded, source: str, unknown: UnknownPolicy = "error") -> dict[str, Any]:
     """charlm.Model.transduction_attention: the maps of a source and its greedy target."""
     module = loaded.family.as_encoder_decoder(loaded)
@@ -196,7 +224,7 @@ def transduction_attention(loaded: Loaded, source: str, unknown: UnknownPolicy =
     maps = module.attention_weights(torch.tensor([src], device=device), torch.tensor([[BOS, *target]], device=device))
     decode = loaded.tokenizer.decode
     return {
-        "source": [decode([i]) for i in src],
+        "source": [loaded.tokenizer.label(i) for i in src],
         "target": [decode([i]) for i in target] + ["⟨end⟩"],
         **{name: weights[:, 0].float().cpu() for name, weights in maps.items()},
     }
@@ -255,7 +283,7 @@ def evaluate_pairs(
     result.split, result.file = split, split_file(data, split)
     unseen = corpus.unknown_counts.get(result.file)
     if unseen is not None:
-        result.unknown_chars, result.unknown_lines, result.unknown_target_lines = unseen
+        result.unknown_chars, result.unknown_lines, result.unknown_target_lines, result.unknown_features = unseen
     result.skipped = skipped
     return result
 

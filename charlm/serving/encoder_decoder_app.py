@@ -52,7 +52,6 @@ class EncoderDecoderServer:
         # requests decoding or waiting for their turn: at most --max-queue (--max-batch does not apply)
         self.waiting = 0
         self.created = int(model.path.stat().st_mtime) if model.path.exists() else int(time.time())
-        self.known = set(getattr(model.tokenizer, "chars", []))  # pairs are read as characters
         self.defaults = sampling_defaults(model, served)
 
     async def health(self) -> dict[str, Any]:
@@ -133,7 +132,7 @@ class EncoderDecoderServer:
             "prompt_tokens": sum(map(len, req.prompts)),
             "completion_tokens": sum(map(len, texts)),
             "total_tokens": sum(map(len, req.prompts)) + sum(map(len, texts)),
-            "unknown_characters": sum(c not in self.known for p in req.prompts for c in p),
+            "unknown_characters": sum(self.model.unseen_inputs(p) for p in req.prompts),
         }
         choices = [
             {"text": t, "index": k, "logprobs": None, "finish_reason": "length" if c else "stop"}

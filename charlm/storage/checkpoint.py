@@ -82,6 +82,8 @@ def save_training_checkpoint(
     """A checkpoint that sample, eval and info read, and that `charlm train --resume` continues exactly."""
     assert set(parts) == set(RESUME_PARTS), f"resume parts {sorted(parts)}"  # a programming error, not user input
     weights = {"config": config.to_dict(), "vocab": tokenizer.chars, "model": model.state_dict()}
+    if tokenizer.features is not None:  # a features column: the features' names, in their symbols' order
+        weights["features"] = tokenizer.features.model_tags()
     save_checkpoint(path, {**weights, **state.to_dict(), **parts})
 
 
@@ -193,5 +195,10 @@ def _check(path: Path, state: Any) -> Checkpoint:
         config = config_from_dict(state["config"], f"checkpoint {path}")
     except UsageError as e:
         raise UsageError(f"checkpoint {path} holds an invalid config: {e}") from None
-    tokenizer = make_tokenizer(config.data.tokenizer, state["vocab"])
+    try:
+        tokenizer = make_tokenizer(
+            config.data.tokenizer, state["vocab"], state.get("features"), config.data.feature_separator
+        )
+    except UsageError as e:
+        raise UsageError(f"checkpoint {path} is damaged: {e}") from None
     return Checkpoint(path, config, tokenizer, state)

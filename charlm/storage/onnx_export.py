@@ -184,7 +184,8 @@ def read_onnx_export(folder: Path, threads: int = 0) -> OnnxExport:
     try:
         raw = json.loads((folder / CONFIG).read_text(encoding="utf-8"))
         kind = raw.get("data", {}).get("tokenizer", "char")
-        tokenizer = tokenizer_from_json(kind, (folder / VOCAB).read_text(encoding="utf-8"))
+        separator = raw.get("data", {}).get("feature_separator", ";") if isinstance(raw, dict) else ";"
+        tokenizer = tokenizer_from_json(kind, (folder / VOCAB).read_text(encoding="utf-8"), separator)
         graphs = {name: folder / g["file"] for name, g in raw["onnx"]["graphs"].items()}
     except (OSError, ValueError, AttributeError, KeyError, TypeError) as e:
         raise UsageError(f"ONNX export {folder} is damaged: {CONFIG} or {VOCAB} cannot be read ({e})") from None
