@@ -110,15 +110,22 @@ class TrainReporter:
         tokens_per_s: float,
         elapsed_s: float,
         improved: bool,
+        accuracy: float | None = None,
     ) -> None:
+        """One line per evaluation; `accuracy` (train.best_by accuracy) adds the validation accuracy, which then
+        chooses best.pt (the mark)."""
         if self.quiet:
             return
+        acc = f"  {'val acc':>7}" if accuracy is not None else ""
         if not self.header_shown:
-            self._print(f"[bold]{'step':>8}  {'train':>7}  {'val':>7}  {'lr':>8}  {'tok/s':>7}  {'time':>7}[/bold]")
+            self._print(
+                f"[bold]{'step':>8}  {'train':>7}  {'val':>7}{acc}  {'lr':>8}  {'tok/s':>7}  {'time':>7}[/bold]"
+            )
             self.header_shown = True
         mark = " [green]*[/green]" if improved else ""
+        acc = f"  {100 * accuracy:>6.2f}%" if accuracy is not None else ""
         self._print(
-            f"{step:>8}  {train_loss:>7.4f}  {val_loss:>7.4f}  {lr:>8.2e}  "
+            f"{step:>8}  {train_loss:>7.4f}  {val_loss:>7.4f}{acc}  {lr:>8.2e}  "
             f"{tokens_per_s / 1000:>6.1f}k  {elapsed_s:>6.1f}s{mark}"
         )
 

@@ -162,3 +162,18 @@ def test_an_onnx_export_reads_features_as_the_checkpoint_does(features_run, tmp_
     ]
     assert scored[0]["word_error_rate"] == scored[1]["word_error_rate"]
     assert (scored[0]["unknown_chars"], scored[0]["unknown_features"]) == (2, 1)
+
+
+def test_best_by_accuracy_keeps_the_evaluation_that_decoded_most_lines_right(tmp_path):
+    data = write_rows(tmp_path / "train.tsv", inflections(300))
+    sets = {"train.best_by": "accuracy", "train.eval_interval": 5}
+    result = run_cli(*train_cli(data, tmp_path / "run", steps=40, config=ENCDEC + LAYOUT, sets=sets, json=True))
+    assert result.returncode == 0, result.stderr
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    evaluations = [r for r in records if "val_accuracy" in r]
+    assert len(evaluations) == 8
+    best = max(evaluations, key=lambda r: (r["val_accuracy"], -r["step"]))  # the first of the best
+    assert load_checkpoint(tmp_path / "run" / "best.pt").step == best["step"]
+    assert json.loads(result.stdout.splitlines()[-1])["best_val_accuracy"] == best["val_accuracy"]
+    decoder = run_cli(*train_cli(data, tmp_path / "d", steps=2, sets={"train.best_by": "accuracy"}))
+    assert_one_line_error(decoder, 2, "train.best_by accuracy decodes the validation lines")

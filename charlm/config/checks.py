@@ -49,6 +49,10 @@ def config_problems(config: Any) -> list[str]:
             f"data.feature_separator must be one or more characters other than a tab or a newline, got "
             f"{config.data.feature_separator!r}"
         )
+    if config.train.best_by == "accuracy" and config.model.arch != "encoder-decoder":
+        errors.append(
+            "train.best_by accuracy decodes the validation lines, which only an encoder-decoder does; leave it at loss"
+        )
     if config.train.max_steps == 0 and config.train.max_seconds == 0:
         errors.append("train.max_steps and train.max_seconds are both 0: set at least one limit")
     if not valid_device_name(config.train.device):

@@ -250,6 +250,12 @@ class TrainConfig:
     plateau_factor: float = documented(0.5, "ReduceLROnPlateau: multiply the lr by this at a stall", gt=0.0, lt=1.0)
     plateau_patience: int = documented(3, "ReduceLROnPlateau: evaluations with no new best before the lr drops", ge=0)
     early_stop_patience: int = documented(0, "stop after this many evaluations without improvement (0 = never)", ge=0)
+    best_by: Literal["loss", "accuracy"] = documented(
+        "loss",
+        "what picks best.pt and counts for early stopping: the validation loss, or (encoder-decoder) the exact-match "
+        "accuracy of greedy decoding on the validation lines scored (train.eval_windows of them), the shared tasks' "
+        "metric; each evaluation then decodes them",
+    )
     seed: int = documented(1337, "seed for Python, torch and the batch sampler", ge=0)
     device: str = documented("auto", "auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = documented(

@@ -86,6 +86,10 @@ class PeriodicLosses(Protocol):
 
     def losses(self, model: nn.Module, step: int) -> tuple[float, float]: ...
 
+    def accuracy(self, model: nn.Module) -> float:
+        """train.best_by accuracy: the validation lines' exact-match share (only pairs decode theirs)."""
+        ...
+
 
 # Where a card's phrases name the training data and the export's folder: the card fills them in, marked up as its
 # Markdown needs (charlm/storage/model_card.py), so that a family's phrases stay plain text.

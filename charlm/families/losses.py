@@ -11,8 +11,11 @@ from torch import nn
 from charlm.config.schema import Config
 from charlm.data.corpus import Corpus, fixed_windows
 from charlm.data.pairs import PairCorpus
+from charlm.decoding.options import DecodeOptions
+from charlm.decoding.rewrite import rewrite
 from charlm.evaluation.transduction import pairs_total
 from charlm.hardware.distributed import Dist
+from charlm.models.encoder_decoder import EncoderDecoder
 
 # (model, ids, window starts, device, autocast dtype) -> (summed loss, tokens scored)
 WindowScorer = Callable[[nn.Module, torch.Tensor, torch.Tensor, torch.device, "torch.dtype | None"], tuple[float, int]]
@@ -27,6 +30,10 @@ class RankShare:
     def mean(self, total: float, count: int) -> float:
         both = self.dist.sum_(torch.tensor([total, float(count)], dtype=torch.float64, device=self.device))
         return (both[0] / both[1]).item()
+
+    def accuracy(self, model: nn.Module) -> float:
+        """train.best_by accuracy, which the config allows an encoder-decoder alone (PairLosses)."""
+        raise NotImplementedError(f"{type(self).__name__} scores losses; only pairs decode their validation lines")
 
 
 class WindowLosses(RankShare):
@@ -63,7 +70,8 @@ class WindowLosses(RankShare):
 
 
 class PairLosses(RankShare):
-    """Pairs: the first train.eval_windows lines of each (shuffled) split, their target characters."""
+    """Pairs: the first train.eval_windows lines of each (shuffled) split, their target characters; with
+    train.best_by accuracy, how many of the validation lines' sources greedy decoding gets right."""
 
     def __init__(self, config: Config, corpus: PairCorpus, device: torch.device, amp: torch.dtype | None, dist: Dist):
         super().__init__(device, dist)
@@ -76,3 +84,20 @@ class PairLosses(RankShare):
     def _loss(self, model: nn.Module, pairs: list) -> float:
         mine = pairs[self.dist.rank :: self.dist.world_size]
         return self.mean(*pairs_total(model, mine, self.device, amp_dtype=self.amp))
+
+    def accuracy(self, model: nn.Module) -> float:
+        """The share of the validation lines' distinct sources whose greedy target is one of their references, each
+        rank decoding its share of the sources."""
+        if not isinstance(model, EncoderDecoder):
+            raise TypeError(f"pairs are decoded by an EncoderDecoder, not {type(model).__name__}")
+        references: dict[tuple[int, ...], list[list[int]]] = {}
+        for source, target in self.val:
+            references.setdefault(tuple(source), []).append(list(target))
+        sources = list(references)[self.dist.rank :: self.dist.world_size]
+        options = DecodeOptions(temperature=0.0, max_new_tokens=model.config.block_size, batch_size=64)
+        was_training = model.training
+        with torch.inference_mode():
+            hypotheses = rewrite(model, [list(s) for s in sources], options)
+        model.train(was_training)
+        right = sum(h in references[s] for h, s in zip(hypotheses, sources, strict=True))
+        return self.mean(float(right), len(sources))

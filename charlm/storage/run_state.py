@@ -18,6 +18,7 @@ class RunState:
     tokens: int = 0  # training tokens seen, over all invocations (target characters, for pairs)
     best_val_loss: float = math.inf  # best periodic validation estimate (nats/token)
     evals_since_best: int = 0
+    best_val_accuracy: float = -1.0  # train.best_by accuracy: the best periodic validation accuracy (-1: none yet)
     elapsed_s: float = 0.0  # wall seconds in the training loop (compilation included), over all invocations
     lr: float = 0.0  # the learning rate of the last step (0: not recorded, in checkpoints older than this field)
     world_size: int = 1  # processes (torchrun ranks)
@@ -77,6 +78,7 @@ class TrainSummary:
     # pairs: per given validation or test file, its characters the training file lacks, read as the unknown symbol
     # (chars), the lines that held one (lines), and those whose target did (target_lines)
     unseen_chars: dict[str, dict[str, int]] = field(default_factory=dict)
+    best_val_accuracy: float | None = None  # train.best_by accuracy: what chose best.pt (None: the loss did)
 
     @classmethod
     def of(
@@ -86,6 +88,7 @@ class TrainSummary:
         device, out_dir, peak_memory_mb, precision and linear_kernels."""
         return cls(
             best_val_loss=state.best_val_loss,
+            best_val_accuracy=state.best_val_accuracy if state.best_val_accuracy >= 0 else None,
             full_val_loss=full.loss,
             full_val_bpc=full.bpc,
             full_val_tokens=full.chars,

@@ -277,6 +277,7 @@ class Trainer:
         # one scored and chosen; the training weights go on from where they were.
         with self.average.in_model() if self.average is not None else contextlib.nullcontext():
             train, val = self.scoring.losses(self.model, s.step)
+            accuracy = self.scoring.accuracy(self.model) if tc.best_by == "accuracy" else None
             # non-finite weights after the last step: save nothing
             if not (math.isfinite(val) and math.isfinite(train)):
                 raise WorkError(
@@ -284,18 +285,20 @@ class Trainer:
                     "checkpoints are untouched (try a lower train.lr or train.grad_clip)"
                 )
             self.folder.begin()  # scored: train.eval_at_start's first record and checkpoint come before any step
-            improved = val < s.best_val_loss
+            improved = val < s.best_val_loss if accuracy is None else accuracy > s.best_val_accuracy
             s.best_val_loss = min(val, s.best_val_loss)
+            s.best_val_accuracy = max(accuracy if accuracy is not None else -1.0, s.best_val_accuracy)
             s.evals_since_best = 0 if improved else s.evals_since_best + 1
             if self.schedule.observe(val, s.step):  # the plateau rule lowered the lr: log the new one
                 s.lr = self.schedule.lr(s.step, time.perf_counter() - self.loop_start)
-            record = self._record(step_loss, train_loss=train, val_loss=val)
+            chosen_by = {} if accuracy is None else {"val_accuracy": accuracy}
+            record = self._record(step_loss, train_loss=train, val_loss=val, **chosen_by)
             self.metrics.evaluation(record)
             if improved:
                 self._save("best.pt")
         self._save("last.pt")
         s.eval_s += time.perf_counter() - t0
-        self.reporter.evaluation(s.step, train, val, s.lr, s.tokens_per_s, s.elapsed_s, improved)
+        self.reporter.evaluation(s.step, train, val, s.lr, s.tokens_per_s, s.elapsed_s, improved, accuracy)
         return bool(tc.early_stop_patience) and s.evals_since_best >= tc.early_stop_patience
 
     def _save(self, name: str) -> Path:

@@ -67,7 +67,8 @@ class JsonlLogger:
         self._append("steps.jsonl", STEP_FIELDS, record)
 
     def evaluation(self, record: dict[str, Any]) -> None:
-        self._append("metrics.jsonl", EVAL_FIELDS, record)
+        chosen_by = ("val_accuracy",) if "val_accuracy" in record else ()  # train.best_by accuracy
+        self._append("metrics.jsonl", EVAL_FIELDS + chosen_by, record)
 
     def finish(self, summary: dict[str, Any]) -> None:
         atomic_write(self.out_dir / "summary.json", lambda f: f.write((json.dumps(summary) + "\n").encode()))
@@ -131,7 +132,7 @@ class TensorBoardLogger:
         self._scalars(record, ("step_loss", "lr", "tokens_per_s"), "train/")
 
     def evaluation(self, record: dict[str, Any]) -> None:
-        self._scalars(record, ("train_loss", "val_loss", "lr", "tokens_per_s"), "")
+        self._scalars(record, ("train_loss", "val_loss", "lr", "tokens_per_s", "val_accuracy"), "")
 
     def finish(self, summary: dict[str, Any]) -> None:
         figures = {k: v for k, v in summary.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}

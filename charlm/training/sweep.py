@@ -105,6 +105,7 @@ class TrialReporter(TrainReporter):
         tokens_per_s: float,
         elapsed_s: float,
         improved: bool,
+        accuracy: float | None = None,
     ) -> None:
         self.last_val = val_loss
         shares = [
