@@ -10,6 +10,7 @@ import random
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import assert_one_line_error, run_cli, skip_without, train_cli
 
 import charlm
@@ -177,3 +178,33 @@ def test_best_by_accuracy_keeps_the_evaluation_that_decoded_most_lines_right(tmp
     assert json.loads(result.stdout.splitlines()[-1])["best_val_accuracy"] == best["val_accuracy"]
     decoder = run_cli(*train_cli(data, tmp_path / "d", steps=2, sets={"train.best_by": "accuracy"}))
     assert_one_line_error(decoder, 2, "train.best_by accuracy decodes the validation lines")
+
+
+def test_hallucinated_lines_are_training_lines_with_a_new_stem_and_never_reach_dev_or_test(tmp_path):
+    from charlm.config.build import load_config
+    from charlm.families.registry import family_for
+
+    train, dev, test = (write_rows(tmp_path / f"{n}.tsv", inflections(k, seed)) for n, k, seed in (("t", 200, 0), ("d", 30, 1), ("e", 30, 2)))  # fmt: skip # noqa: E501
+    sets = [f"data.path={train}", f"data.val_path={dev}", f"data.test_path={test}", "data.hallucinate=300"]
+    sets += [s for s in ENCDEC[2:] + LAYOUT if s != "--set"]
+    config = load_config("tiny", sets)
+    family = family_for(config)
+    corpus = family.corpus(config, None, lambda _: None, None)
+    real = list(corpus.train)
+    batches = family.batches(config, corpus, torch.device("cpu"), seed=0)
+    made = batches.pairs[len(real) :]
+    assert batches.pairs[: len(real)] == real and len(made) == 300
+    assert made == family.batches(config, corpus, torch.device("cpu"), seed=5).pairs[len(real) :]  # every rank's
+    letters = {corpus.tokenizer.stoi[c] for c in "abcdeV"}
+    symbols = {corpus.tokenizer.stoi[chr(0x100000 + i)] for i in range(len(corpus.tokenizer.features.tags))}
+    for source, target in made:
+        tags = [i for i in source if i in symbols]
+        stem = source[: len(source) - len(tags)]
+        assert set(stem) <= letters and tags  # characters of the training sources, then the features unchanged
+        features = ";".join(corpus.tokenizer.features.name(corpus.tokenizer.chars[i]) for i in tags)
+        assert corpus.tokenizer.decode(target) == corpus.tokenizer.decode(stem) + SUFFIX[features]  # the rule kept
+    assert sum(pair in real for pair in made) < len(made) // 10  # new stems (a short one may meet a real one)
+    held_out = corpus.split("val") + corpus.split("test")
+    assert not any(pair in held_out for pair in made)
+    plain = family.corpus(load_config("tiny", sets[:3] + sets[4:]), None, lambda _: None, None)
+    assert plain.split("val") + plain.split("test") == held_out and plain.train == real

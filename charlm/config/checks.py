@@ -49,6 +49,8 @@ def config_problems(config: Any) -> list[str]:
             f"data.feature_separator must be one or more characters other than a tab or a newline, got "
             f"{config.data.feature_separator!r}"
         )
+    if config.data.hallucinate and config.data.format != "pairs":
+        errors.append(f"data.hallucinate ({config.data.hallucinate}) makes synthetic pairs; set it to 0 or use pairs")
     if config.train.best_by == "accuracy" and config.model.arch != "encoder-decoder":
         errors.append(
             "train.best_by accuracy decodes the validation lines, which only an encoder-decoder does; leave it at loss"

@@ -88,6 +88,13 @@ class DataConfig:
         "data.feature_separator) is one input of the encoder, never read as characters (docs/rewriting.md)",
     )
     feature_separator: str = documented(";", "pairs with a features column: what separates one feature from the next")
+    hallucinate: int = documented(
+        0,
+        "pairs: add this many synthetic training lines, each a real one with its stem (the longest stretch source and "
+        "target share, 3 characters or more) replaced by random characters in both: small inflection sets "
+        "(docs/rewriting.md); validation and test lines are never touched (0 = none)",
+        ge=0,
+    )
     skip_bad_lines: bool = documented(
         False,
         "pairs: skip lines without exactly one tab, with an empty side, too long or holding a reserved control "

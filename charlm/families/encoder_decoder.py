@@ -12,6 +12,7 @@ import torch
 from charlm.config.schema import Config, ModelConfig
 from charlm.data.corpus import for_file, same_path, split_file
 from charlm.data.features import FEATURE_RANGE, is_feature_symbol
+from charlm.data.hallucinate import hallucinated
 from charlm.data.pairs import Pair, PairBatches, PairCorpus
 from charlm.data.tokenizer import (
     BOS,
@@ -65,7 +66,8 @@ class EncoderDecoderFamily(Family[PairCorpus, EncoderDecoder]):
     def batches(self, config: Config, corpus: PairCorpus, device: torch.device, seed: int) -> PairBatches:
         unknown_id = getattr(corpus.tokenizer, "stoi", {}).get(UNKNOWN_CHAR)  # pairs are read as characters
         tc, dropout = config.train, config.data.unknown_dropout
-        return PairBatches(corpus.train, tc.batch_size, device, seed, unknown_id, dropout)
+        made = hallucinated(corpus.train, corpus.tokenizer, config.data.hallucinate, tc.seed)  # the same on every rank
+        return PairBatches(corpus.train + made, tc.batch_size, device, seed, unknown_id, dropout)
 
     def periodic_losses(
         self, config: Config, corpus: PairCorpus, device: torch.device, amp: torch.dtype | None, dist: Dist
