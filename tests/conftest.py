@@ -1,5 +1,5 @@
 """Shared test helpers: the shipped corpus excerpt, the CLI (in-process, or as a real subprocess), a loopback HTTP
-server."""
+server, a `charlm serve` process that the server tests share."""
 
 from __future__ import annotations
 
@@ -244,6 +244,19 @@ def tiny_checkpoint(tmp_path_factory, corpus) -> Path:
     return run_dir / "best.pt"
 
 
+@pytest.fixture(scope="session")
+def tiny_server(tiny_checkpoint):
+    """`charlm serve` of tiny_checkpoint with the limits tests/test_serve.py tests, started once per worker:
+    tests/test_serve.py, tests/test_same_text.py and tests/test_playground.py (one worker: SAME_WORKER) talk to the
+    same process, which pays for its interpreter, torch and the model once."""
+    from serve_helpers import ServerProcess
+
+    limits = ["--max-tokens", "500", "--max-prompt", "100", "--max-n", "8", "--max-body", "20000"]
+    process = ServerProcess(tiny_checkpoint, *limits)
+    yield process
+    process.stop()
+
+
 @pytest.fixture
 def mirror():
     """Start real loopback servers of given bytes (CorpusServer); all shut down after the test."""
@@ -303,9 +316,13 @@ LONGEST_FIRST = [
 
 
 # Modules that pay the same one-time cost in a worker run in one worker: torch.onnx's exporter, and torch.compile's
-# first compilation in a process, take seconds to warm up.
+# first compilation in a process, take seconds to warm up; so do modules that share what a fixture made.
 SAME_WORKER = {
     "tests/test_web_export.py": "tests/test_onnx.py",
+    "tests/test_export_folders.py": "tests/test_onnx.py",  # its ONNX export is one of test_onnx.py's (shared)
+    "tests/test_features.py": "tests/test_onnx.py",  # it exports a features model to ONNX
+    "tests/test_same_text.py": "tests/test_serve.py",  # the same server (tiny_server)
+    "tests/test_playground.py": "tests/test_serve.py",  # the same server (tiny_server)
     "tests/test_python_api.py": "tests/test_compiled_decode.py",  # its documented examples compile a decoder
     "tests/test_train.py": "tests/test_compiled_decode.py",  # train.compile=true
 }

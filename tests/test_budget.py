@@ -254,6 +254,7 @@ def test_the_rule_says_when_it_hits_its_cap():
 
 def test_the_speed_is_measured_when_none_is_given(tmp_path, corpus, monkeypatch):
     monkeypatch.delenv("CHARLM_SPEED")
+    monkeypatch.setattr("charlm.training.probe.TIMED_SECONDS", 0.5)  # a speed measured, not a precise one: briefly
     said, config, record = _budget_run(tmp_path, corpus, "measured")
     assert " (measured in " in said[0] and "threads" in said[0], said
     probe = record["speed"]
@@ -344,7 +345,7 @@ import charlm.training.probe as probe
 from charlm.config.build import load_config
 
 probe.REFERENCE_BATCH = 256  # the probe's first batch: far more than the limit below lets it allocate
-probe.MOST_PROBE_SECONDS = 4.0  # the speed itself is not under test: a short probe
+probe.MOST_PROBE_SECONDS = 1.0  # the speed itself is not under test: the shortest probe, one timed step
 status = open("/proc/self/status").read()
 size = int(next(line for line in status.splitlines() if line.startswith("VmSize")).split()[1]) * 1024
 resource.setrlimit(resource.RLIMIT_AS, (size + 400 * 2**20, size + 400 * 2**20))

@@ -76,8 +76,10 @@ def test_several_config_errors_are_listed_together(tmp_path, corpus):
 
 @pytest.mark.process
 def test_debug_shows_the_traceback(tmp_path):
-    result = run_cli("--debug", "eval", tmp_path / "missing.pt", process=True)  # the interpreter prints it
-    assert result.returncode != 0 and "Traceback" in result.stderr
+    # The interpreter prints it. A command that fails before it would import torch (a config file that is not
+    # there): the process is the subject, not what it would have run.
+    result = run_cli("--debug", "config", "--config", tmp_path / "missing.yaml", process=True)
+    assert result.returncode != 0 and "Traceback" in result.stderr and "config file not found" in result.stderr
 
 
 def test_json_is_one_object_on_one_line(tmp_path, corpus):

@@ -115,13 +115,20 @@ def one_step_sets(*sets: str) -> list[str]:
     return ["train.batch_size=4", "train.warmup_steps=0", "train.lr=1e-2", *sets]
 
 
-def pairs_data(folder: Path, given: bool) -> tuple[Path, list[str]]:
-    """Reversed words, and with `given` validation and test files of their own (every training line trained on)."""
+def pairs_data(folder: Path, given: bool, features: bool = False) -> tuple[Path, list[str]]:
+    """Reversed words, and with `given` validation and test files of their own (every training line trained on);
+    with `features`, a features column (two features a line, each one encoder input) and a synthetic line for each
+    real one (data.hallucinate)."""
     folder.mkdir(parents=True, exist_ok=True)
     data = folder / "pairs.tsv"
-    data.write_text("".join(f"{w}\t{w[::-1]}\n" for w in ("abc", "bcad", "cabbd", "dd", "acdb") * 20))
+    words = ("abc", "bcad", "cabbd", "dd", "acdb") * 20
+    tags = [f"{'V' if i % 2 else 'N'};{'PST' if i % 3 else 'PL'}" for i in range(len(words))]
+    lines = (f"{w}\t{t}\t{w}s\n" if features else f"{w}\t{w[::-1]}\n" for w, t in zip(words, tags, strict=True))
+    data.write_text("".join(lines))
     sets = ["model.arch=encoder-decoder", "data.format=pairs", "model.n_layer=1", "model.n_embd=32"]
     sets += ["model.block_size=16"]
+    if features:
+        sets += ["data.columns=source-features-target", "data.hallucinate=100"]
     if given:
         (folder / "val.tsv").write_text("bad\tdab\ncab\tbac\n")
         (folder / "test.tsv").write_text("dab\tbad\n")
@@ -144,6 +151,7 @@ def one_step_runs(tmp_path_factory, corpus) -> dict[str, tuple]:
         "encoder": (corpus, one_step_sets(*tiny, "model.arch=encoder")),
         "split": pairs_data(tmp / "split", given=False),
         "given-files": pairs_data(tmp / "given-files", given=True),
+        "features": pairs_data(tmp / "features", given=False, features=True),
     }
     spec = [
         {"config": "tiny", "sets": sets, "data": str(data), "out": str(tmp / name / "ddp"), "steps": 1}
@@ -278,9 +286,10 @@ def test_one_failing_rank_brings_the_job_down_quickly(tmp_path, corpus, sig):
             job.kill()
 
 
-@pytest.mark.parametrize("kind", ["split", "given-files"])
+@pytest.mark.parametrize("kind", ["split", "given-files", "features"])
 def test_encoder_decoder_two_ranks_of_batch_b_equal_one_process_of_batch_2b(one_step_runs, kind):
-    from charlm.data.pairs import PairBatches, PairCorpus
+    from charlm.data.pairs import PairCorpus
+    from charlm.families.registry import family_for
     from charlm.models.encoder_decoder import EncoderDecoder
 
     data, sets, saved = one_step_runs[kind]
@@ -289,12 +298,13 @@ def test_encoder_decoder_two_ranks_of_batch_b_equal_one_process_of_batch_2b(one_
     corpus = PairCorpus.from_config(config.data, config.model.block_size)
     seed_everything(config.train.seed)
     model = EncoderDecoder(config.model, corpus.tokenizer.vocab_size)
+    family = family_for(config)  # its batches: the training lines, and any hallucinated ones (features)
     half = [  # the batch each rank drew
-        PairBatches(
-            corpus.train, config.train.batch_size, torch.device("cpu"), seed_for_rank(config.train.seed, rank)
-        ).next_batch()
+        family.batches(config, corpus, torch.device("cpu"), seed_for_rank(config.train.seed, rank)).next_batch()
         for rank in (0, 1)
     ]
+    if kind == "features":  # every rank trained on the same synthetic lines after the real ones
+        assert len(family.batches(config, corpus, torch.device("cpu"), 0).pairs) == len(corpus.train) + 100
     initial = model.tok_emb.weight.detach().clone()
     optimizer = make_optimizer(model, config.train, torch.device("cpu"))
     # DDP averages the ranks' mean losses (a mean over each rank's target characters): weigh each half as DDP does.

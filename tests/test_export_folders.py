@@ -23,12 +23,14 @@ def safetensors_export(tiny_checkpoint, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def onnx_export(tiny_checkpoint, tmp_path_factory) -> Path:
+def onnx_export(tmp_path_factory, corpus) -> Path:
+    """A small decoder's ONNX export, the one tests/test_onnx.py checks (this module runs in its worker: SAME_WORKER
+    in tests/conftest.py), so that the worker pays for one export of it; the tests damage copies of it."""
     for module in ("onnxruntime", "onnxscript"):
         pytest.importorskip(module, reason="ONNX exports need the onnx extra: pip install -e '.[test]'")
-    out = tmp_path_factory.mktemp("export") / "onnx"
-    run_cli("export", tiny_checkpoint, out, "--format", "onnx", check=True)
-    return out
+    from test_onnx import exported_decoder
+
+    return exported_decoder("learned", tmp_path_factory, corpus)[1]
 
 
 def _without(export: Path, name: str, tmp_path: Path) -> Path:

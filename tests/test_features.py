@@ -177,7 +177,7 @@ def test_best_by_accuracy_keeps_the_evaluation_that_decoded_most_lines_right(tmp
     assert load_checkpoint(tmp_path / "run" / "best.pt").step == best["step"]
     assert json.loads(result.stdout.splitlines()[-1])["best_val_accuracy"] == best["val_accuracy"]
     decoder = run_cli(*train_cli(data, tmp_path / "d", steps=2, sets={"train.best_by": "accuracy"}))
-    assert_one_line_error(decoder, 2, "train.best_by accuracy decodes the validation lines")
+    assert_one_line_error(decoder, 2, "train.best_by accuracy decodes the validation lines of pairs")
 
 
 def test_hallucinated_lines_are_training_lines_with_a_new_stem_and_never_reach_dev_or_test(tmp_path):

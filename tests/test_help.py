@@ -69,6 +69,7 @@ def test_eval_json_help_names_each_kind_of_results_figures():
         "unknown_chars",
         "unknown_lines",
         "unknown_target_lines",
+        "unknown_features",
         "single_reference",
         "skipped",
         "scores",

@@ -58,11 +58,13 @@ def train(tmp: Path, config: list[str], data: Path, steps: int = 30, shift: bool
     return shifted_checkpoint(tmp / "run") if shift else tmp / "run" / "best.pt"
 
 
-_decoders: dict[str, tuple[Path, Path]] = {}  # one export per kind for the module (its tests share a worker)
+# One export per kind for the worker: this module's tests share one, and so does tests/test_export_folders.py
+# (SAME_WORKER in tests/conftest.py), which damages copies of the "learned" one.
+_decoders: dict[str, tuple[Path, Path]] = {}
 
 
 def exported_decoder(kind: str, tmp_path_factory, corpus: Path) -> tuple[Path, Path]:
-    """A trained decoder's checkpoint and its ONNX export, made once per kind."""
+    """A trained decoder's checkpoint and its ONNX export, made once per kind (callers only read them)."""
     if kind not in _decoders:
         tmp = tmp_path_factory.mktemp(f"onnx-{kind}")
         config = {"recipe": RECIPE, "learned": LEARNED, "alibi": ALIBI}[kind]

@@ -37,8 +37,13 @@ if not (CHROMIUM and DRIVER):
 
 
 @pytest.fixture(scope="module")
-def server(tiny_checkpoint):
-    process = ServerProcess(Path(os.environ.get("CHARLM_SCREENSHOT_MODEL", tiny_checkpoint)))
+def server(request):
+    """tiny_checkpoint served (tests/conftest.py: tests/test_serve.py talks to the same process, --max-tokens 500
+    among its limits), or a server of its own for CHARLM_SCREENSHOT_MODEL."""
+    if not os.environ.get("CHARLM_SCREENSHOT_MODEL"):
+        yield request.getfixturevalue("tiny_server")
+        return
+    process = ServerProcess(Path(os.environ["CHARLM_SCREENSHOT_MODEL"]))
     yield process
     process.stop()
 
@@ -104,7 +109,7 @@ def test_generate_streams_the_continuation_into_the_page(server, browser):
     prompt = browser.find_element(by.ID, "prompt")
     prompt.clear()
     prompt.send_keys("JULIET:")
-    set_value(browser, "length", 600)
+    set_value(browser, "length", 500)  # the server's --max-tokens (tiny_server), far past the 16-character context
     set_value(browser, "temperature", 0.8)
     set_value(browser, "seed", 3)
     browser.execute_script(  # count the page's updates: a streamed text arrives in many
@@ -113,12 +118,12 @@ def test_generate_streams_the_continuation_into_the_page(server, browser):
     )
     browser.find_element(by.ID, "generate").click()
     status = browser.find_element(by.ID, "generate-status")
-    wait_for(lambda: "600 characters in" in status.text, what="the continuation to finish")
+    wait_for(lambda: "500 characters in" in status.text, what="the continuation to finish")
     text = browser.execute_script("return document.getElementById('continuation').textContent")
-    assert len(text) == 600
+    assert len(text) == 500
     assert browser.execute_script("return window.updates") >= 10
     assert browser.find_element(by.ID, "output-prompt").text == "JULIET:"
-    same = {"model": "charlm", "prompt": "JULIET:", "max_tokens": 600, "temperature": 0.8, "seed": 3}
+    same = {"model": "charlm", "prompt": "JULIET:", "max_tokens": 500, "temperature": 0.8, "seed": 3}
     status, reply = server.request("POST", "/v1/completions", same)
     assert reply["choices"][0]["text"] == text  # the page sends its settings: the API's text for the same seed
     screenshot(browser, "playground.png")

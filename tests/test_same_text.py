@@ -87,10 +87,9 @@ def from_server_beside_another(server: ServerProcess, settings: dict) -> str:
 
 
 @pytest.fixture(scope="module")
-def server(tiny_checkpoint):
-    process = ServerProcess(tiny_checkpoint, "--max-tokens", "500")
-    yield process
-    process.stop()
+def server(tiny_server):
+    """tiny_checkpoint served (tests/conftest.py): the process tests/test_serve.py talks to, in the same worker."""
+    return tiny_server
 
 
 def texts_everywhere(checkpoint, server, settings: dict) -> dict[str, str]:

@@ -28,12 +28,10 @@ def openai_client(url: str, api_key: str):
 
 
 @pytest.fixture(scope="module")
-def server(tiny_checkpoint):
-    process = ServerProcess(
-        tiny_checkpoint, "--max-tokens", "500", "--max-prompt", "100", "--max-n", "8", "--max-body", "20000"
-    )
-    yield process
-    process.stop()
+def server(tiny_server):
+    """tiny_checkpoint served with --max-tokens 500 --max-prompt 100 --max-n 8 --max-body 20000 (tests/conftest.py:
+    tests/test_same_text.py and tests/test_playground.py talk to the same process)."""
+    return tiny_server
 
 
 @pytest.fixture(scope="module")

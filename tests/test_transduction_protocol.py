@@ -149,13 +149,24 @@ def test_unknown_dropout_is_for_pairs():
         load_config("tiny", ["data.unknown_dropout=0.1"])
 
 
-def test_charlm_serve_rewrites_sources_and_reads_unseen_characters_as_the_unknown_symbol(unknown_run):
-    openai = pytest.importorskip("openai", reason="the server tests use the openai client: pip install -e '.[test]'")
+@pytest.fixture(scope="module")
+def refusing(unknown_run):
+    """`charlm serve` of unknown_run with its defaults (an unseen character refused) and a queue of one request
+    (below --max-n: that queue counts requests, not rows): one process for both server tests below."""
     pytest.importorskip("fastapi", reason="charlm serve needs the serve extra: pip install -e '.[test]'")
     from serve_helpers import ServerProcess
 
+    server = ServerProcess(unknown_run, "--max-queue", "1")
+    yield server
+    server.stop()
+
+
+def test_charlm_serve_rewrites_sources_and_reads_unseen_characters_as_the_unknown_symbol(unknown_run, refusing):
+    openai = pytest.importorskip("openai", reason="the server tests use the openai client: pip install -e '.[test]'")
+    from serve_helpers import ServerProcess
+
     expected = charlm.load(unknown_run).transduce(["abcd", "azzb"], unknown="replace")
-    replacing, refusing = ServerProcess(unknown_run, "--unknown", "replace"), ServerProcess(unknown_run)
+    replacing = ServerProcess(unknown_run, "--unknown", "replace")
     try:
         client = openai.OpenAI(base_url=f"{replacing.url}/v1", api_key="x", max_retries=0)
         completion = client.completions.create(model="charlm", prompt=["abcd", "azzb"], temperature=0)
@@ -180,42 +191,33 @@ def test_charlm_serve_rewrites_sources_and_reads_unseen_characters_as_the_unknow
         assert [c.text for c in left_out.choices] == [t for t in expected for _ in "ab"]
     finally:
         replacing.stop()
-        refusing.stop()
 
 
 def test_charlm_serve_of_an_encoder_decoder_says_length_for_a_full_context_and_checks_what_a_decoder_checks(
-    unknown_run,
+    unknown_run, refusing
 ):
-    pytest.importorskip("fastapi", reason="charlm serve needs the serve extra: pip install -e '.[test]'")
-    from serve_helpers import ServerProcess
-
     # a replacement the model holds only as padding, start or end: one line at start-up, not a 400 for every client
     flags = ["--port", "0", "--unknown", "replace", "--replace-with", "\x02"]
     reserved = run_cli("serve", unknown_run, *flags, process=True, timeout=60)  # a server that starts serves for ever
     assert_one_line_error(reserved, 2, "--replace-with U+0002 is one of the model's padding, start and end symbols")
     model = charlm.load(unknown_run)
     room = model.config.model.block_size - 1  # the start symbol takes a position: a target this long never ended
-    server = ServerProcess(unknown_run, "--max-queue", "1")  # below --max-n: this queue counts requests, not rows
-    try:
-        # a nearly uniform draw, whose targets often fill the context before the end symbol comes
-        status, body = server.request(
-            "POST", "/v1/completions", {"prompt": "abcd", "temperature": 50, "seed": 3, "n": 8}
-        )
-        assert status == 200, body
-        texts = [c["text"] for c in body["choices"]]
-        assert texts == [model.transduce("abcd", temperature=50.0, seed=3 + j) for j in range(8)]
-        reasons = [c["finish_reason"] for c in body["choices"]]
-        assert reasons == ["length" if len(t) == room else "stop" for t in texts]
-        assert set(reasons) == {"length", "stop"}, texts
-        status, body = server.request("POST", "/v1/completions", {"prompt": "abcd", "seed": 2**63 - 1, "n": 2})
-        assert status == 400 and "seed + n - 1 must be at most 2**63 - 1" in body["error"]["message"], body
-        assert body["error"]["param"] == "seed"
-        status, body = server.request("POST", "/v1/completions", {"prompt": "abcd", "temperature": 1e39, "top_k": 1})
-        assert status == 400 and "temperature must be at most 10000" in body["error"]["message"], body
-        status, body = server.request("POST", "/v1/completions", {"prompt": "abcd", "echo": 0})
-        assert status == 400 and "echo must be a JSON boolean" in body["error"]["message"], body
-    finally:
-        server.stop()
+    # a nearly uniform draw, whose targets often fill the context before the end symbol comes; eight rows in one
+    # request are one request in the server's queue of one (--max-queue 1, below --max-n)
+    status, body = refusing.request("POST", "/v1/completions", {"prompt": "abcd", "temperature": 50, "seed": 3, "n": 8})
+    assert status == 200, body
+    texts = [c["text"] for c in body["choices"]]
+    assert texts == [model.transduce("abcd", temperature=50.0, seed=3 + j) for j in range(8)]
+    reasons = [c["finish_reason"] for c in body["choices"]]
+    assert reasons == ["length" if len(t) == room else "stop" for t in texts]
+    assert set(reasons) == {"length", "stop"}, texts
+    status, body = refusing.request("POST", "/v1/completions", {"prompt": "abcd", "seed": 2**63 - 1, "n": 2})
+    assert status == 400 and "seed + n - 1 must be at most 2**63 - 1" in body["error"]["message"], body
+    assert body["error"]["param"] == "seed"
+    status, body = refusing.request("POST", "/v1/completions", {"prompt": "abcd", "temperature": 1e39, "top_k": 1})
+    assert status == 400 and "temperature must be at most 10000" in body["error"]["message"], body
+    status, body = refusing.request("POST", "/v1/completions", {"prompt": "abcd", "echo": 0})
+    assert status == 400 and "echo must be a JSON boolean" in body["error"]["message"], body
 
 
 def test_a_dev_file_s_unseen_characters_are_read_as_the_unknown_symbol_when_the_model_learns_one(tmp_path):

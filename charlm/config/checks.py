@@ -51,9 +51,9 @@ def config_problems(config: Any) -> list[str]:
         )
     if config.data.hallucinate and config.data.format != "pairs":
         errors.append(f"data.hallucinate ({config.data.hallucinate}) makes synthetic pairs; set it to 0 or use pairs")
-    if config.train.best_by == "accuracy" and config.model.arch != "encoder-decoder":
+    if config.train.best_by == "accuracy" and config.data.format != "pairs":
         errors.append(
-            "train.best_by accuracy decodes the validation lines, which only an encoder-decoder does; leave it at loss"
+            "train.best_by accuracy decodes the validation lines of pairs (an encoder-decoder's); leave it at loss"
         )
     if config.train.max_steps == 0 and config.train.max_seconds == 0:
         errors.append("train.max_steps and train.max_seconds are both 0: set at least one limit")
