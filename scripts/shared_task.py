@@ -14,11 +14,12 @@ predicted phones differ from the reference; the task's metric) and the test word
 OUT/LANG/predictions.tsv (word<TAB>phones, the format the task asks for). The baseline is the task's CLUZH system as
 its README reports it, per language and macro-averaged.
 
-inflection-2023 is the SIGMORPHON 2023 inflection task (part 1): 26 languages of lemma<TAB>features<TAB>form files,
-10,000 / 1,000 / 1,000 items split by lemma. Each language trains with configs/inflection.yaml, best.pt chosen on the
-task's dev file as its protocol allows, then its test file is scored (accuracy: the share of exactly right forms, the
-task's metric) and its covered test file (lemma<TAB>features) filled in as OUT/LANG/predictions.tsv. The baseline is
-the task's own non-neural system (part1/baselines/nonneural.py, run beside charlm on the same test file).
+inflection-2023 is the SIGMORPHON 2023 inflection task (part 1): 26 languages (27 sets: Hebrew also unvocalised) of
+lemma<TAB>features<TAB>form files, 10,000 / 1,000 / 1,000 items split by lemma. Each language trains with
+configs/inflection.yaml, best.pt chosen on the task's dev file as its protocol allows, then its test file is scored
+(accuracy: the share of exactly right forms, the task's metric) and its covered test file (lemma<TAB>features) filled
+in as OUT/LANG/predictions.tsv. The baseline is the task's own non-neural system (part1/baselines/nonneural.py, run
+beside charlm on the same test file).
 With --record TITLE the table goes to docs/benchmarks.md.
 """
 
@@ -100,7 +101,9 @@ INFLECTION_2023 = Task(
 TASKS = {task.name: task for task in (G2P_2022_HIGH, INFLECTION_2023)}
 
 
-def run_language(task: Task, repo: Path, lang: str, out: Path, seconds: float, seed: int) -> dict:
+def run_language(
+    task: Task, repo: Path, lang: str, out: Path, seconds: float, seed: int, extra: tuple[str, ...] = ()
+) -> dict:
     """Train on the language's training file, score the scored file, fill in the covered sources; the baseline's
     figure beside (published, or its script run on the same files)."""
     files = {part: repo / getattr(task, part).format(lang=lang) for part in ("train", "dev", "scored", "covered")}
@@ -108,7 +111,7 @@ def run_language(task: Task, repo: Path, lang: str, out: Path, seconds: float, s
     if missing:
         raise SystemExit(f"{', '.join(missing)} not found: is --repo a clone of {task.url}?")
     run = out / lang
-    sets = [item.format(dev=files["dev"], scored=files["scored"]) for item in task.sets]
+    sets = [item.format(dev=files["dev"], scored=files["scored"]) for item in task.sets] + list(extra)
     train, wall = run_charlm(
         "train", "--config", str(ROOT / task.config), "--data", str(files["train"]),
         "--out-dir", str(run), "--overwrite", "--seed", str(seed), "--max-seconds", str(seconds),
@@ -148,7 +151,9 @@ def run_baseline(repo: Path, lang: str, files: dict[str, Path], folder: Path) ->
     shutil.copy(files["scored"], folder / f"{lang}.dev")
     started = time.perf_counter()
     out, _ = run_timed([sys.executable, str(script), "-p", f"{folder}/"])
-    said = next(line for line in out.splitlines() if line.startswith(f"{lang}: "))
+    said = next((line for line in out.splitlines() if line.startswith(f"{lang}: ")), None)
+    if said is None:
+        raise SystemExit(f"{script} printed no '{lang}: ACCURACY' line:\n{out[-2000:]}")
     return 100 * float(said.split(": ")[1]), time.perf_counter() - started
 
 
@@ -164,6 +169,9 @@ def main() -> None:
     parser.add_argument("--languages", nargs="+", help="default: all of the task's")
     parser.add_argument("--seconds", type=float, default=280.0, help="training seconds per language")
     parser.add_argument("--seed", type=int, default=1337)
+    parser.add_argument(
+        "--set", dest="sets", action="append", default=[], metavar="KEY=VALUE", help="on top of the recipe"
+    )
     parser.add_argument("--record", metavar="TITLE", help="append the table to docs/benchmarks.md")
     args = parser.parse_args()
     task = TASKS[args.task]
@@ -178,7 +186,7 @@ def main() -> None:
     )
     results = []
     for lang in languages:
-        result = run_language(task, args.repo, lang, args.out, args.seconds, args.seed)
+        result = run_language(task, args.repo, lang, args.out, args.seconds, args.seed, tuple(args.sets))
         results.append(result)
         print(json.dumps(result), flush=True)
     which = "dev" if task.scored == task.dev else "test"

@@ -41,7 +41,7 @@ def write_rows(path: Path, rows: list[tuple[str, ...]]) -> Path:
 
 
 @pytest.fixture(scope="module")
-def features_run(tmp_path_factory) -> tuple[Path, Path]:
+def features_run(tmp_path_factory) -> tuple[Path, Path, object]:
     """A model trained on source<TAB>features<TAB>target lines, validated on a dev file holding a feature (FUT) and a
     character (z) the training file lacks, read as the unknown symbol it learns (data.unknown_dropout)."""
     tmp = tmp_path_factory.mktemp("features")
@@ -62,8 +62,9 @@ def test_each_feature_is_one_input_never_a_character(features_run):
     assert past[1] != past[3]  # the letter V and the feature V are different inputs
     assert model.transduction_attention("aVb\tV;PST")["source"] == ["a", "V", "b", "V", "PST"]
     assert sorted(model.tokenizer.features.model_tags()) == ["N", "PL", "PRS", "PST", "SG", "V"]
-    for wrong, said in (("aVb", "SOURCE<TAB>FEATURES"), ("aVb\tV;XYZ", "feature 'XYZ'")):
-        assert_one_line_error(run_cli("sample", run, "--prompt", wrong), 2, said)
+    wrong = {"aVb": "SOURCE<TAB>FEATURES", "\tV;PST": "both not empty", "aVb\t": "both not empty"}
+    for source, said in {**wrong, "aVb\tV;XYZ": "feature 'XYZ'"}.items():
+        assert_one_line_error(run_cli("sample", run, "--prompt", source), 2, said)
 
 
 def test_a_dev_file_s_unseen_features_are_read_as_the_unknown_symbol_and_counted(features_run):
@@ -86,9 +87,12 @@ def test_sample_the_api_and_an_export_rewrite_covered_lines_in_the_task_s_format
     assert lines == [f"abc\tV;PST\t{forms[0]}", f"Vead\tN;PL\t{forms[1]}"]  # lemma, features, form: a submission
     run_cli("export", run, tmp_path / "export", check=True)
     assert run_cli("sample", tmp_path / "export", "--prompt-file", covered, check=True).stdout.splitlines() == lines
-    assert json.loads((tmp_path / "export" / "vocab.json").read_text())["features"] == (
-        charlm.load(run).tokenizer.features.model_tags()
-    )
+    vocab = json.loads((tmp_path / "export" / "vocab.json").read_text())
+    assert vocab["features"] == charlm.load(run).tokenizer.features.model_tags()
+    del vocab["features"]  # a features model's vocabulary without their names: damaged, said in one line
+    (tmp_path / "export" / "vocab.json").write_text(json.dumps(vocab))
+    damaged = run_cli("sample", tmp_path / "export", "--prompt-file", covered)
+    assert_one_line_error(damaged, 2, "its vocabulary lacks the features' names")
 
 
 def test_unimorph_order_puts_the_features_last_in_and_out(tmp_path):
@@ -208,3 +212,34 @@ def test_hallucinated_lines_are_training_lines_with_a_new_stem_and_never_reach_d
     assert not any(pair in held_out for pair in made)
     plain = family.corpus(load_config("tiny", sets[:3] + sets[4:]), None, lambda _: None, None)
     assert plain.split("val") + plain.split("test") == held_out and plain.train == real
+
+
+def test_the_features_symbols_follow_their_names_not_the_file_s_order(tmp_path):
+    from charlm.config.build import load_config
+    from charlm.data.pairs import PairCorpus
+
+    rows = inflections(100)
+    tokenizers = []
+    for name, ordered in (("a", rows), ("b", rows[::-1])):
+        sets = [f"data.path={write_rows(tmp_path / name, ordered)}"] + [s for s in ENCDEC[2:] + LAYOUT if s != "--set"]
+        config = load_config("tiny", sets)
+        tokenizers.append(PairCorpus.from_config(config.data, 16).tokenizer)
+    assert tokenizers[0].chars == tokenizers[1].chars
+    assert (
+        tokenizers[0].features.model_tags()
+        == tokenizers[1].features.model_tags()
+        == ["N", "PL", "PRS", "PST", "SG", "V"]
+    )
+
+
+def test_a_resumed_best_by_accuracy_run_keeps_its_best(tmp_path):
+    data = write_rows(tmp_path / "train.tsv", inflections(200))
+    sets = {"train.best_by": "accuracy", "train.eval_interval": 4}
+    first = run_cli(
+        *train_cli(data, tmp_path / "run", steps=8, config=ENCDEC + LAYOUT, sets=sets, json=True), check=True
+    )
+    best = json.loads(first.stdout.splitlines()[-1])["best_val_accuracy"]
+    again = run_cli(*train_cli(out=tmp_path / "run", resume=True, steps=16, json=True), check=True)
+    summary = json.loads(again.stdout.splitlines()[-1])
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert summary["best_val_accuracy"] == max(r["val_accuracy"] for r in records) >= best

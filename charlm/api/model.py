@@ -15,7 +15,7 @@ import torch
 
 from charlm.config.schema import Config
 from charlm.data.tokenizer import Tokenizer, UnknownPolicy
-from charlm.decoding.generate import SampleResult, collect_samples, decode_text, sampling_steps, seeded_chooser
+from charlm.decoding.generate import SampleResult, SampleTexts, decode_text, sampling_steps, seeded_chooser
 from charlm.decoding.options import DecodeOptions, field_name
 from charlm.decoding.steps import TextSteps
 from charlm.errors import UsageError
@@ -112,8 +112,11 @@ class Model:
         if self.family.makes_items:  # the lines family's own loop: items end at their end symbol
             return lines_family.sample_lines(self, prompt_ids, options, on_text)
         with self.text_steps(options) as steps:
-            drawn = decode_text(steps, prompt_ids, options.max_new_tokens, options.num_samples, seeded_chooser(options))
-            return collect_samples(drawn, self.tokenizer, prompt_ids, options, on_text, steps.compile_seconds)
+            texts, choose = SampleTexts(self.tokenizer, prompt_ids, options, on_text), seeded_chooser(options)
+            for next_ids in decode_text(steps, prompt_ids, options.max_new_tokens, options.num_samples, choose):
+                if texts.feed(next_ids):  # every sample met a stop string
+                    break
+            return texts.result(steps.compile_seconds)
 
     def text_steps(self, options: DecodeOptions) -> contextlib.AbstractContextManager[TextSteps]:
         """What the decoding loop steps through (charlm.decoding.steps): the torch decoder's KV cache, or with

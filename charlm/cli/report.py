@@ -31,7 +31,8 @@ def print_train_summary(summary: TrainSummary) -> None:
     scored = (
         "full validation pass" if s.full_val_whole else f"validation pass over the first {s.full_val_tokens:,} {u}s"
     )
-    chosen = f"best val accuracy {100 * s.best_val_accuracy:.2f}% (it chose best.pt); " if s.best_val_accuracy else ""
+    accuracy = s.best_val_accuracy
+    chosen = f"best val accuracy {100 * accuracy:.2f}% (it chose best.pt); " if accuracy is not None else ""
     out.print(
         f"{chosen}best val loss {s.best_val_loss:.4f} nats/{u} (sampled windows); {scored} of best.pt: "
         f"[bold]{s.full_val_loss:.4f} nats/{u}, {s.full_val_bpc:.4f} bits/{u}[/bold]"

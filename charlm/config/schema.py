@@ -1,9 +1,5 @@
-"""Typed configuration: dataclasses with defaults, loaded from YAML and overrides, validated in one place.
-
-Precedence: dataclass defaults < the YAML files a config builds on (`base:`) < the YAML file < `--set section.key=value`
-< first-class CLI options.
-Every problem is collected and reported at once, each naming the dotted key the user typed.
-"""
+"""Typed configuration: one dataclass per section, each key with its default, help and range; charlm/config/build.py
+builds a config from its sources in precedence order and validates it."""
 
 from __future__ import annotations
 
@@ -97,9 +93,9 @@ class DataConfig:
     )
     skip_bad_lines: bool = documented(
         False,
-        "pairs: skip lines without exactly one tab, with an empty side, too long or holding a reserved control "
-        "character (U+0000, U+0002, U+0003); lines: skip items too long for the context or holding one (else: refuse "
-        "the file)",
+        "pairs: skip lines without the columns of data.columns, with an empty column, too long or holding a reserved "
+        "control character (U+0000, U+0002, U+0003); lines: skip items too long for the context or holding one "
+        "(else: refuse the file)",
     )
     unknown_dropout: float = documented(
         0.0,

@@ -11,12 +11,9 @@ vocabulary: in checkpoints, vocab.json and exports.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal
 
 from charlm.errors import UsageError
 
-Columns = Literal["source-target", "source-features-target", "source-target-features"]
-COLUMNS: tuple[str, ...] = ("source-target", "source-features-target", "source-target-features")
 FEATURE_BASE = 0x100000  # the first symbol: Supplementary Private Use Area-B (U+100000 to U+10FFFD)
 UNSEEN_FEATURE = chr(0x10FFFD)  # what a tag the model never saw stands as, where nothing needs its name
 FEATURE_RANGE = "U+100000 to U+10FFFD"  # how messages name the symbols' range
@@ -81,10 +78,10 @@ class FeatureTable:
         """A source a user gave (`walk<TAB>V;PST`) as the encoder reads it; a tag the model never saw is refused
         unless `unknown_ok` (--unknown skip or replace), which reads it as unknown."""
         source, tab, features = text.partition("\t")
-        if not tab or "\t" in features:
+        if not tab or "\t" in features or not source or not self.split_tags(features):
             raise UsageError(
-                f"this model reads a features column: give each source as SOURCE<TAB>FEATURES (e.g. "
-                f"'walk\\tV{self.separator}PST'), got {text[:60]!r}"
+                f"this model reads a features column: give each source as SOURCE<TAB>FEATURES, both not empty (in "
+                f"a shell, --prompt $'walk\\tV{self.separator}PST'), got {text[:60]!r}"
             )
         if not unknown_ok and (unseen := self.unseen_tags(features)):
             raise UsageError(

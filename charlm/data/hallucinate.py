@@ -10,9 +10,9 @@ from __future__ import annotations
 import random
 
 from charlm.data.features import is_feature_symbol
+from charlm.data.pairs import Pair
 from charlm.data.tokenizer import SPECIAL_CHARS, UNKNOWN_CHAR, Tokenizer
 
-Pair = tuple[list[int], list[int]]
 SHORTEST_STEM = 3  # a shared stretch shorter than this is more likely an affix than a stem
 
 

@@ -16,7 +16,14 @@ import torch
 
 from charlm.config.schema import DataConfig
 from charlm.data.corpus import IGNORE, read_text
-from charlm.data.features import FEATURE_RANGE, FeatureTable, column_places, is_feature_symbol, layout_words
+from charlm.data.features import (
+    FEATURE_BASE,
+    FEATURE_RANGE,
+    FeatureTable,
+    column_places,
+    is_feature_symbol,
+    layout_words,
+)
 from charlm.data.records import MODEL_FIX, RecordSplits, refuse_or_skip
 from charlm.data.tokenizer import (
     BOS,
@@ -98,14 +105,16 @@ def read_pairs(
             problems.setdefault(f"holding a character of {FEATURE_RANGE} (kept for features)", []).append(number)
         else:
             source, target = parts[at_source], parts[at_target]
-            if table is not None and at_features is not None:
-                source = table.compose(source, parts[at_features], grow=True)
-            if len(source) > block_size or len(target) + 1 > block_size:
+            features = parts[at_features] if table is not None and at_features is not None else None
+            inputs = len(source) + (len(table.split_tags(features)) if table is not None and features else 0)
+            if inputs > block_size or len(target) + 1 > block_size:
                 problems.setdefault(
                     f"longer than the context (source > {block_size} or target > {block_size - 1})", []
                 ).append(number)
-            else:
-                pairs.append((source, target))
+            else:  # a line kept: its features join the table
+                pairs.append(
+                    (source if table is None or features is None else table.compose(source, features, True), target)
+                )
     refuse_or_skip(problems, str(path), skip_bad, fix, say)
     if not pairs:
         raise UsageError(f"{path} holds no {layout_words(columns)} line to train on")
@@ -162,7 +171,9 @@ class PairCorpus(RecordSplits[Pair]):
         line_fix = TRAINING_FIX if tokenizer is None else MODEL_FIX
         table = feature_reading(data, tokenizer)  # grows with the features of each file read
         strings = read_pairs(data.path, block_size, data.skip_bad_lines, say, line_fix, table, data.columns)
-        model_features = FeatureTable(table.tags, table.separator) if table is not None else None  # the file's
+        if tokenizer is None and table is not None:  # a new model's features: sorted, so their order is the data's
+            strings, table = sorted_features(strings, table)
+        model_features = FeatureTable(table.tags, table.separator) if table is not None else None
         model_tokenizer = tokenizer or pair_tokenizer(strings, data.unknown_dropout > 0, model_features)
         known = set(model_tokenizer.chars)
         counts: dict[str, Unseen] = {}
@@ -217,6 +228,14 @@ class PairCorpus(RecordSplits[Pair]):
         corpus = cls.shuffled(model_tokenizer, encoded(data.path, strings, hint, unknown or "error"), data, read_given)
         corpus.unknown_counts = counts
         return corpus
+
+
+def sorted_features(strings: list[tuple[str, str]], table: FeatureTable) -> tuple[list[tuple[str, str]], FeatureTable]:
+    """A training file's lines and features with the features' symbols in sorted order of their names, not in the
+    order the file first uses them: two copies of a file in another order give the same vocabulary."""
+    order = sorted(table.tags)
+    symbols = {ord(table.symbol(tag)): chr(FEATURE_BASE + i) for i, tag in enumerate(order)}
+    return [(source.translate(symbols), target) for source, target in strings], FeatureTable(order, table.separator)
 
 
 def feature_reading(data: DataConfig, tokenizer: Tokenizer | None) -> FeatureTable | None:

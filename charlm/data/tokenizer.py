@@ -186,22 +186,31 @@ class StreamDecoder:
         return self.bytes.decode(b"", final=True) if self.bytes is not None else ""
 
 
-def feature_table(tags: object, separator: str) -> FeatureTable | None:
-    """A saved vocabulary's features (None: it has no features column), checked."""
+def feature_table(tags: object, separator: str, columns: str = "source-target") -> FeatureTable | None:
+    """A saved vocabulary's features (None: it has no features column), checked against the config's data.columns."""
     if tags is None:
+        if columns != "source-target":
+            raise UsageError(f"its data.columns is {columns}, but its vocabulary lacks the features' names")
         return None
     if not isinstance(tags, list) or not all(isinstance(t, str) and t for t in tags):
         raise UsageError("not a charlm vocabulary: 'features' must be a list of feature names")
     return FeatureTable(tags, separator)
 
 
-def make_tokenizer(kind: str, vocab: list | None, features: object = None, separator: str = ";") -> Tokenizer:
+def make_tokenizer(
+    kind: str, vocab: list | None, features: object = None, separator: str = ";", columns: str = "source-target"
+) -> Tokenizer:
     """The tokenizer a config and a saved vocabulary describe (the one place that decides); `features`: the saved
-    features' names, read with the config's data.feature_separator."""
+    features' names, read with the config's data.feature_separator and checked against its data.columns."""
     if kind == "byte":
         return ByteTokenizer()
-    return CharTokenizer(vocab or [], feature_table(features, separator))
+    return CharTokenizer(vocab or [], feature_table(features, separator, columns))
 
 
-def tokenizer_from_json(kind: str, text: str, separator: str = ";") -> Tokenizer:
-    return ByteTokenizer() if kind == "byte" else CharTokenizer.from_json(text, separator)
+def tokenizer_from_json(kind: str, text: str, separator: str = ";", columns: str = "source-target") -> Tokenizer:
+    if kind == "byte":
+        return ByteTokenizer()
+    tokenizer = CharTokenizer.from_json(text, separator)
+    if tokenizer.features is None:
+        feature_table(None, separator, columns)  # a features model's vocabulary must name its features
+    return tokenizer

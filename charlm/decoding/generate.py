@@ -154,8 +154,11 @@ def draw_samples(
 ) -> SampleResult:
     """The samples the decoding loop draws through `steps` (a torch module's or an export's graphs), as
     charlm.Model.sample draws them: the seeded chooser, the loop, then stop strings and streaming."""
-    drawn = decode_text(steps, prompt_ids, options.max_new_tokens, options.num_samples, seeded_chooser(options))
-    return collect_samples(drawn, tokenizer, prompt_ids, options, on_text, steps.compile_seconds)
+    texts, choose = SampleTexts(tokenizer, prompt_ids, options, on_text), seeded_chooser(options)
+    for next_ids in decode_text(steps, prompt_ids, options.max_new_tokens, options.num_samples, choose):
+        if texts.feed(next_ids):
+            break
+    return texts.result(steps.compile_seconds)
 
 
 def seeded_chooser(options: DecodeOptions) -> ChooseNext:
@@ -168,45 +171,51 @@ def seeded_chooser(options: DecodeOptions) -> ChooseNext:
     return choose
 
 
-def collect_samples(
-    drawn: Iterator[torch.Tensor],
-    tokenizer: Tokenizer,
-    prompt_ids: list[int],
-    options: DecodeOptions,
-    on_text: Callable[[str], None] | None,
-    compile_seconds: float = 0.0,
-) -> SampleResult:
-    """The samples of a decoding loop's ids (B,) step by step: stop strings, whole characters of a byte model,
-    sample 0 streamed to on_text; timed from the first step (the loop runs as it is read here). Every runtime's
-    samples end here (torch's, onnxruntime's)."""
-    started = time.perf_counter()
-    prompt = tokenizer.decode(prompt_ids)
-    texts: list[list[str]] = [[] for _ in range(options.num_samples)]
-    ids: list[list[int]] = [[] for _ in range(options.num_samples)]
-    decoders = [tokenizer.stream_decoder() for _ in range(options.num_samples)]  # bytes: whole characters only
-    done = [False] * options.num_samples
-    stops = [StopStrings(options.stop) for _ in range(options.num_samples)]
-    for next_ids in drawn:
+class SampleTexts:
+    """The texts a decoding loop's ids (B,) make as they come, step by step: stop strings, whole characters of a
+    byte model, sample 0 streamed to on_text; timed from its making, just before the loop's first step. Every
+    runtime's samples end here (torch's, onnxruntime's)."""
+
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        prompt_ids: list[int],
+        options: DecodeOptions,
+        on_text: Callable[[str], None] | None = None,
+    ):
+        self.tokenizer, self.prompt_ids, self.on_text = tokenizer, prompt_ids, on_text
+        rows = range(options.num_samples)
+        self.texts: list[list[str]] = [[] for _ in rows]
+        self.ids: list[list[int]] = [[] for _ in rows]
+        self.decoders = [tokenizer.stream_decoder() for _ in rows]  # bytes: whole characters only
+        self.stops = [StopStrings(options.stop) for _ in rows]
+        self.done = [False for _ in rows]
+        self.started = time.perf_counter()
+
+    def feed(self, next_ids: torch.Tensor) -> bool:
+        """Each row's next id (B,); True once every row has met a stop string (the loop can end)."""
         for i, token in enumerate(next_ids.tolist()):
-            if done[i]:
+            if self.done[i]:
                 continue
-            ids[i].append(token)
-            passed = stops[i].feed(decoders[i].feed(token))
-            if passed:
-                texts[i].append(passed)
-                if i == 0 and on_text:
-                    on_text(passed)
-            done[i] = stops[i].stopped
-        if all(done):
-            break
-    for i, decoder in enumerate(decoders):
-        if not done[i]:
-            passed = stops[i].finish(decoder.flush())
-            if passed:
-                texts[i].append(passed)
-                if i == 0 and on_text:
-                    on_text(passed)
-    seconds = time.perf_counter() - started
-    replaced = sum(tokenizer.replaced(prompt_ids + sample_ids) for sample_ids in ids)
-    samples = [prompt + "".join(t) for t in texts]
-    return SampleResult(samples, sum(len(t) for t in ids), seconds, replaced, compile_seconds)
+            self.ids[i].append(token)
+            self._add(i, self.stops[i].feed(self.decoders[i].feed(token)))
+            self.done[i] = self.stops[i].stopped
+        return all(self.done)
+
+    def result(self, compile_seconds: float = 0.0) -> SampleResult:
+        """The samples, each the prompt and its text up to its stop string (what a stop string held back, and a
+        byte model's unfinished character, flushed)."""
+        for i, decoder in enumerate(self.decoders):
+            if not self.done[i]:
+                self._add(i, self.stops[i].finish(decoder.flush()))
+        seconds = time.perf_counter() - self.started
+        replaced = sum(self.tokenizer.replaced(self.prompt_ids + sample_ids) for sample_ids in self.ids)
+        prompt = self.tokenizer.decode(self.prompt_ids)
+        samples = [prompt + "".join(t) for t in self.texts]
+        return SampleResult(samples, sum(len(t) for t in self.ids), seconds, replaced, compile_seconds)
+
+    def _add(self, i: int, passed: str) -> None:
+        if passed:
+            self.texts[i].append(passed)
+            if i == 0 and self.on_text:
+                self.on_text(passed)

@@ -142,6 +142,12 @@ def torch_rewriter(loaded: Loaded, ensemble: Sequence[Loaded] = ()) -> Rewrite:
     return lambda ids, options: rewrite(models, ids, options)
 
 
+def tags(loaded: Loaded) -> list[str]:
+    """A model's features in their symbols' order (none without a features column): what its feature ids mean."""
+    features = loaded.tokenizer.features
+    return features.model_tags() if features is not None else []
+
+
 def ensemble_models(loaded: Loaded, ensemble: Sequence[Loaded] = ()) -> Models:
     """The torch model of `loaded`, or with `ensemble` the list of it and theirs: encoder-decoders run by torch that
     share its vocabulary, context and device (an ensemble averages predictions over one set of characters)."""
@@ -153,7 +159,7 @@ def ensemble_models(loaded: Loaded, ensemble: Sequence[Loaded] = ()) -> Models:
             if which.runtime != "torch":
                 raise UsageError(f"--ensemble needs torch models; {which.path} is an ONNX export: use checkpoints")
         models.append(member.family.as_encoder_decoder(member))  # another family: refused in one line
-        if member.tokenizer.chars != loaded.tokenizer.chars:
+        if member.tokenizer.chars != loaded.tokenizer.chars or tags(member) != tags(loaded):
             raise UsageError(
                 f"--ensemble {member.path}: its vocabulary differs from that of {loaded.path}; an ensemble's models "
                 "must be trained on the same characters (the same data)"
@@ -294,6 +300,7 @@ def encoder_decoder_facts(
     loaded: Loaded, steps: int, scores: dict[str, Any] | None, examples: list[tuple[str, str]]
 ) -> CardFacts:
     """An encoder-decoder's card: its shape, its validation figures, and a few of its rewrites."""
+    source = "SOURCE\tFEATURES" if loaded.tokenizer.features is not None else "SOURCE"
     m = loaded.config.model
     quality = None
     if scores:
@@ -322,12 +329,22 @@ def encoder_decoder_facts(
         rows=(shape, ("parts", parts), parameters_row(loaded), training_row(loaded.config.train, steps)),
         quality=quality,
         data_missing=f"the training pairs {DATA} were",
-        commands=(
-            f'charlm sample {FOLDER} --prompt "SOURCE"            # greedy; --beam 5 for beam search',
-            f"charlm sample {FOLDER} --prompt-file words.txt      # source<TAB>target for every line",
-        ),
-        python=(f"model = charlm.load({FOLDER})", 'print(model.transduce("SOURCE", beam=5))'),
+        commands=card_commands(loaded.tokenizer.features is not None),
+        python=(f"model = charlm.load({FOLDER})", f"print(model.transduce({source!r}, beam=5))"),
         example_heading="Some validation sources and what it makes of them (greedy)",
         example="\n".join(f"{source}\t{target}" for source, target in examples)
         or "(no validation pairs at export time)",
+    )
+
+
+def card_commands(features: bool) -> tuple[str, str]:
+    """The card's commands: a source is typed with its features after a tab where the model reads a features column."""
+    if features:
+        return (
+            f"charlm sample {FOLDER} --prompt $'SOURCE\\tFEATURES'  # greedy; --beam 5 for beam search",
+            f"charlm sample {FOLDER} --prompt-file covered.tsv   # source<TAB>features lines, the target added",
+        )
+    return (
+        f'charlm sample {FOLDER} --prompt "SOURCE"            # greedy; --beam 5 for beam search',
+        f"charlm sample {FOLDER} --prompt-file words.txt      # source<TAB>target for every line",
     )

@@ -96,8 +96,10 @@ class PairLosses(RankShare):
         sources = list(references)[self.dist.rank :: self.dist.world_size]
         options = DecodeOptions(temperature=0.0, max_new_tokens=model.config.block_size, batch_size=64)
         was_training = model.training
-        with torch.inference_mode():
-            hypotheses = rewrite(model, [list(s) for s in sources], options)
-        model.train(was_training)
+        try:
+            with torch.inference_mode():
+                hypotheses = rewrite(model, [list(s) for s in sources], options)
+        finally:
+            model.train(was_training)
         right = sum(h in references[s] for h, s in zip(hypotheses, sources, strict=True))
         return self.mean(float(right), len(sources))

@@ -197,7 +197,11 @@ def _check(path: Path, state: Any) -> Checkpoint:
         raise UsageError(f"checkpoint {path} holds an invalid config: {e}") from None
     try:
         tokenizer = make_tokenizer(
-            config.data.tokenizer, state["vocab"], state.get("features"), config.data.feature_separator
+            config.data.tokenizer,
+            state["vocab"],
+            state.get("features"),
+            config.data.feature_separator,
+            config.data.columns,
         )
     except UsageError as e:
         raise UsageError(f"checkpoint {path} is damaged: {e}") from None

@@ -149,8 +149,9 @@ def read_export(folder: Path) -> Checkpoint:
     try:
         raw = json.loads((folder / CONFIG).read_text(encoding="utf-8"))
         kind = raw.get("data", {}).get("tokenizer", "char") if isinstance(raw, dict) else "char"
-        separator = raw.get("data", {}).get("feature_separator", ";") if isinstance(raw, dict) else ";"
-        tokenizer = tokenizer_from_json(kind, (folder / VOCAB).read_text(encoding="utf-8"), separator)
+        data = raw.get("data", {}) if isinstance(raw, dict) else {}
+        separator, columns = data.get("feature_separator", ";"), data.get("columns", "source-target")
+        tokenizer = tokenizer_from_json(kind, (folder / VOCAB).read_text(encoding="utf-8"), separator, columns)
     except (OSError, ValueError, AttributeError) as e:
         raise UsageError(f"export {folder} is damaged: {CONFIG} or {VOCAB} cannot be read ({e})") from None
     if not isinstance(raw, dict) or raw.get("format") != EXPORT_FORMAT:

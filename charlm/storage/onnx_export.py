@@ -184,8 +184,9 @@ def read_onnx_export(folder: Path, threads: int = 0) -> OnnxExport:
     try:
         raw = json.loads((folder / CONFIG).read_text(encoding="utf-8"))
         kind = raw.get("data", {}).get("tokenizer", "char")
-        separator = raw.get("data", {}).get("feature_separator", ";") if isinstance(raw, dict) else ";"
-        tokenizer = tokenizer_from_json(kind, (folder / VOCAB).read_text(encoding="utf-8"), separator)
+        data = raw.get("data", {}) if isinstance(raw, dict) else {}
+        separator, columns = data.get("feature_separator", ";"), data.get("columns", "source-target")
+        tokenizer = tokenizer_from_json(kind, (folder / VOCAB).read_text(encoding="utf-8"), separator, columns)
         graphs = {name: folder / g["file"] for name, g in raw["onnx"]["graphs"].items()}
     except (OSError, ValueError, AttributeError, KeyError, TypeError) as e:
         raise UsageError(f"ONNX export {folder} is damaged: {CONFIG} or {VOCAB} cannot be read ({e})") from None

@@ -76,7 +76,8 @@ class TrainSummary:
     precision: str  # float32, or the autocast dtype (bfloat16, float16) of training and evaluation
     linear_kernels: str  # onednn or torch: whose float32 kernels ran the linear layers (train.cpu_linear)
     # pairs: per given validation or test file, its characters the training file lacks, read as the unknown symbol
-    # (chars), the lines that held one (lines), and those whose target did (target_lines)
+    # (chars), the lines that held one (lines), those whose target did (target_lines), and its features the training
+    # file lacks (features: with a features column)
     unseen_chars: dict[str, dict[str, int]] = field(default_factory=dict)
     best_val_accuracy: float | None = None  # train.best_by accuracy: what chose best.pt (None: the loss did)
 

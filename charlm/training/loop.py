@@ -277,13 +277,13 @@ class Trainer:
         # one scored and chosen; the training weights go on from where they were.
         with self.average.in_model() if self.average is not None else contextlib.nullcontext():
             train, val = self.scoring.losses(self.model, s.step)
-            accuracy = self.scoring.accuracy(self.model) if tc.best_by == "accuracy" else None
             # non-finite weights after the last step: save nothing
             if not (math.isfinite(val) and math.isfinite(train)):
                 raise WorkError(
                     f"loss became {val} at step {s.step} (evaluation); training stopped without saving, the last "
                     "checkpoints are untouched (try a lower train.lr or train.grad_clip)"
                 )
+            accuracy = self.scoring.accuracy(self.model) if tc.best_by == "accuracy" else None
             self.folder.begin()  # scored: train.eval_at_start's first record and checkpoint come before any step
             improved = val < s.best_val_loss if accuracy is None else accuracy > s.best_val_accuracy
             s.best_val_loss = min(val, s.best_val_loss)

@@ -169,7 +169,8 @@ class WandbLogger:
         self.run.log({f"train/{k}": record[k] for k in ("step_loss", "lr", "tokens_per_s")}, step=record["step"])
 
     def evaluation(self, record: dict[str, Any]) -> None:
-        self.run.log({k: record[k] for k in ("train_loss", "val_loss", "lr", "tokens_per_s")}, step=record["step"])
+        keys = ("train_loss", "val_loss", "lr", "tokens_per_s", "val_accuracy")  # val_accuracy: train.best_by accuracy
+        self.run.log({k: record[k] for k in keys if k in record}, step=record["step"])
 
     def finish(self, summary: dict[str, Any]) -> None:
         self.run.summary.update(summary)
