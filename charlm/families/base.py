@@ -86,7 +86,7 @@ class PeriodicLosses(Protocol):
 
     def losses(self, model: nn.Module, step: int) -> tuple[float, float]: ...
 
-    def accuracy(self, model: nn.Module) -> float:
+    def accuracy(self, model: nn.Module) -> float | None:
         """train.best_by accuracy: the validation lines' exact-match share (only pairs decode theirs)."""
         ...
 

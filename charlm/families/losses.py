@@ -31,9 +31,10 @@ class RankShare:
         both = self.dist.sum_(torch.tensor([total, float(count)], dtype=torch.float64, device=self.device))
         return (both[0] / both[1]).item()
 
-    def accuracy(self, model: nn.Module) -> float:
-        """train.best_by accuracy, which the config allows an encoder-decoder alone (PairLosses)."""
-        raise NotImplementedError(f"{type(self).__name__} scores losses; only pairs decode their validation lines")
+    def accuracy(self, model: nn.Module) -> float | None:
+        """The validation lines' exact-match share where they are decoded (pairs: PairLosses); None for windows and
+        items, which score losses alone (the config allows train.best_by accuracy only for pairs)."""
+        return None
 
 
 class WindowLosses(RankShare):
