@@ -84,7 +84,7 @@ def print_transduction_result(r: TransductionResult) -> None:
     if r.unknown_target_lines and r.unknown_chars:
         stderr_console().print(
             f"{_count(r.unknown_target_lines, 'line')} of {r.file} ha{'s' if r.unknown_target_lines == 1 else 've'} "
-            "a target character the model cannot write: counted as wrong",
+            "a target character the model never saw: right only where the model copies it from the source",
             markup=False,
         )
     stdout_console().print(

@@ -51,6 +51,11 @@ def config_problems(config: Any) -> list[str]:
         )
     if config.data.hallucinate and config.data.format != "pairs":
         errors.append(f"data.hallucinate ({config.data.hallucinate}) makes synthetic pairs; set it to 0 or use pairs")
+    if config.data.recombine and (config.data.format != "pairs" or config.data.columns != "source-target"):
+        errors.append(
+            f"data.recombine ({config.data.recombine}) joins words of source<TAB>target pairs (data.columns "
+            "source-target); set it to 0, or use data.hallucinate for a features column"
+        )
     if config.train.best_by == "accuracy" and config.data.format != "pairs":
         errors.append(
             "train.best_by accuracy decodes the validation lines of pairs (an encoder-decoder's); leave it at loss"

@@ -91,6 +91,14 @@ class DataConfig:
         "(docs/rewriting.md); validation and test lines are never touched (0 = none)",
         ge=0,
     )
+    recombine: int = documented(
+        0,
+        "pairs: add this many synthetic training lines, each the head of one word joined to the tail of another at a "
+        "letters-to-sounds unit both share, cut alike on both sides (the units from an alignment learned from the "
+        "training lines): pronunciation lists of a few hundred words (docs/rewriting.md); validation and test lines "
+        "are never touched (0 = none)",
+        ge=0,
+    )
     skip_bad_lines: bool = documented(
         False,
         "pairs: skip lines without the columns of data.columns, with an empty column, too long or holding a reserved "
@@ -99,9 +107,11 @@ class DataConfig:
     )
     unknown_dropout: float = documented(
         0.0,
-        "pairs: the chance that a training source character is read as the unknown symbol (U+001A) instead, so the "
-        "model learns to read past characters it never saw; > 0 adds the symbol, which then stands for unseen "
-        "characters of data.val_path/test_path, of eval and of --unknown replace (0 = none: such files are refused)",
+        "pairs: the chance that a character of a training source is read as the unknown symbol (U+001A) instead, "
+        "there and in its target alike, so the model learns to read past characters it never saw and to copy them "
+        "(decoding puts the source's character back where it writes the symbol); > 0 adds the symbol, which then "
+        "stands for unseen characters of data.val_path/test_path, of eval and of --unknown replace (0 = none: such "
+        "files are refused)",
         ge=0.0,
         le=0.5,
     )

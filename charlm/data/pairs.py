@@ -47,7 +47,7 @@ TRAINING_FIX = "fix them, or set data.skip_bad_lines=true to train on the other 
 class Unseen(NamedTuple):
     """What of a file the model never saw: how many characters (and features, with a features column) were read as
     the unknown symbol (or another replacement), how many lines held one (replaced, or left out with --unknown skip),
-    and in how many of those lines a target did: a target the model cannot write, which no hypothesis matches."""
+    and in how many of those lines a target did: one a hypothesis matches only by copying it from the source."""
 
     chars: int
     lines: int
@@ -57,7 +57,8 @@ class Unseen(NamedTuple):
     def words(self, path: str) -> str:
         """'kor_dev.tsv: 37 characters the training file lacks, in 30 lines, read as the unknown symbol ...'"""
         targets = (
-            f"; {self.target_lines} of those lines' targets hold one, which the model cannot write: they count as wrong"
+            f"; {self.target_lines} of those lines' targets hold one: right only where the model copies it from the "
+            "source"
             if self.target_lines
             else ""
         )
@@ -198,13 +199,14 @@ class PairCorpus(RecordSplits[Pair]):
             fill = pair_replacement(model_tokenizer, replacement)
             encode = model_tokenizer.encode
             out: list[Pair] = []
+            features = table is not None
             for s, t in strings:
                 source = encode(s, policy, fill)
                 target = encode(t, policy, fill)
                 out.append(
                     (
-                        ReplacedSource(source) if unseen and set(s) - known else source,
-                        ReplacedTarget(target) if unseen and set(t) - known else target,
+                        ReplacedSource(source, unseen_of(s, known, features)) if unseen and set(s) - known else source,
+                        ReplacedTarget(target, t) if unseen and set(t) - known else target,
                     )
                 )
             return out
@@ -249,14 +251,30 @@ def feature_reading(data: DataConfig, tokenizer: Tokenizer | None) -> FeatureTab
 
 
 class ReplacedTarget(list):
-    """A target's ids in which characters the model never saw were replaced: the model cannot write the reference, so
-    its line never counts as right, whatever stood in for them (the unknown symbol, a space, --replace-with's)."""
+    """A target's ids in which characters the model never saw were replaced, with the target as the file has it
+    (`text`): scoring compares what the model writes with that, so the line counts as right only where the model
+    put the unknown symbol in their place and the source's unseen characters went back into it (restore_unknown),
+    never because a stand-in matched a stand-in."""
+
+    def __init__(self, ids: list[int], text: str):
+        super().__init__(ids)
+        self.text = text
 
 
 class ReplacedSource(list):
     """A source's ids in which characters the model never saw were replaced (--unknown replace). Two different
     words can then read alike (a한b and a글b both as a, the unknown symbol, b), so scoring takes each such source
     for a word of its own, never for another line of the same word."""
+
+    def __init__(self, ids: list[int], unseen: str):
+        super().__init__(ids)
+        self.unseen = unseen  # the characters that were replaced, in their order: what the unknown symbol gives back
+
+
+def unseen_of(source: str, known: set[str], features: bool = False) -> str:
+    """A source's characters outside the model's vocabulary, in their order (with a features column its symbols
+    left out: an unseen feature is no character to write)."""
+    return "".join(c for c in source if c not in known and not (features and is_feature_symbol(c)))
 
 
 def pair_replacement(tokenizer: Tokenizer, replacement: str | None) -> str | None:
@@ -322,10 +340,18 @@ class PairBatches:
         if self.unknown_id is None or not self.unknown_dropout:
             return pad_batch(batch, self.device)
         (src, tgt_in), targets = pad_batch(batch, torch.device("cpu"))
-        # Source characters read as the unknown symbol now and then, drawn from the batches' own generator (so a
-        # resumed run draws the same): the model learns what to write for a character it cannot read.
-        dropped = (torch.rand(src.shape, generator=self.generator) < self.unknown_dropout) & (src != PAD)
-        src = torch.where(dropped, self.unknown_id, src)
+        # Now and then a character of a source is read as the unknown symbol, everywhere in it and in its target
+        # alike, drawn from the batches' own generator (so a resumed run draws the same): the model learns to go on
+        # past a character it cannot read, and to write the symbol where that character is copied into the target
+        # (decoding puts the source's character back: restore_unknown).
+        vocab = int(max(src.max(), tgt_in.max(), targets.max())) + 1
+        present = torch.zeros(len(batch), vocab, dtype=torch.bool).scatter_(1, src, True)  # (B, V)
+        present[:, PAD] = False
+        drop = present & (torch.rand(present.shape, generator=self.generator) < self.unknown_dropout)  # (B, V)
+        src = torch.where(drop.gather(1, src), self.unknown_id, src)
+        tgt_in = torch.where(drop.gather(1, tgt_in), self.unknown_id, tgt_in)
+        scored = targets != IGNORE
+        targets = torch.where(drop.gather(1, targets.clamp(min=0)) & scored, self.unknown_id, targets)
         return (src.to(self.device), tgt_in.to(self.device)), targets.to(self.device)
 
     def state_dict(self) -> dict:

@@ -36,6 +36,16 @@ def refuse_special_replacement(replacement: str | None, what: str) -> None:
 UNKNOWN_CHAR = "\x1a"
 
 
+def restore_unknown(target: str, unseen: str) -> str:
+    """A written target with each unknown symbol in it replaced by the source's unseen characters in their order (the
+    last again once they run out): a model trained with data.unknown_dropout writes the symbol where the character
+    it could not read goes (a Japanese stem's new kanji, a name's foreign letter). Unchanged where none was unseen."""
+    if not unseen or UNKNOWN_CHAR not in target:
+        return target
+    parts = target.split(UNKNOWN_CHAR)
+    return parts[0] + "".join(unseen[min(i, len(unseen) - 1)] + part for i, part in enumerate(parts[1:]))
+
+
 def check_unknown_policy(unknown: str) -> None:
     if unknown not in UNKNOWN_POLICIES:
         raise UsageError(f"unknown-character policy must be one of {', '.join(UNKNOWN_POLICIES)}, got {unknown!r}")

@@ -13,6 +13,7 @@ from torch import nn
 
 from charlm.data.corpus import IGNORE
 from charlm.data.pairs import Pair, ReplacedSource, ReplacedTarget, in_batches, pad_batch
+from charlm.data.tokenizer import restore_unknown
 from charlm.evaluation.loss import InNats, summed_loss
 from charlm.models.encoder_decoder import EncoderDecoder
 
@@ -67,7 +68,7 @@ class TransductionResult(InNats):
     sources: int = 0  # distinct sources scored (= lines when each has one reference)
     unknown_chars: int = 0  # characters the model never saw in the file scored, replaced (--unknown replace)
     unknown_lines: int = 0  # the file's lines that held one (replaced, or left out with --unknown skip)
-    unknown_target_lines: int = 0  # of those, lines whose target held one: the model cannot write it, so never right
+    unknown_target_lines: int = 0  # of those, lines whose target held one: right only where the model copies it
     unknown_features: int = 0  # a features column's features the model never saw, replaced as unseen characters are
     single_reference: dict[str, Any] = field(default_factory=dict)  # the figures line by line
     skipped: list[str] = field(default_factory=list)  # lines left out as data.skip_bad_lines says, in words
@@ -76,16 +77,18 @@ class TransductionResult(InNats):
         return {**asdict(self), "bpc": self.bpc}
 
 
-def error_rates(
-    references: list[list[str]], hypotheses: list[str], writable: list[list[bool]] | None = None
-) -> dict[str, Any]:
+def reference_text(target: list[int], decode: Callable[[list[int]], str]) -> str:
+    """A reference as its file has it: a replaced target's own text, else its ids decoded."""
+    return target.text if isinstance(target, ReplacedTarget) else decode(target)
+
+
+def error_rates(references: list[list[str]], hypotheses: list[str]) -> dict[str, Any]:
     """Word, character and token error rates of one hypothesis per source against that source's references: right if
-    it equals any the model can write (`writable`, default all: a reference whose unseen characters were replaced
-    is one it cannot); edits counted against the reference closest in characters (tokens: closest in tokens), the
+    it equals any; edits counted against the reference closest in characters (tokens: closest in tokens), the
     shorter one where two are as close (the higher rate: a tie never flatters)."""
     exact = chars = char_errors = tokens = token_errors = 0
-    for i, (refs, hyp) in enumerate(zip(references, hypotheses, strict=True)):
-        exact += any(hyp == r and (writable is None or writable[i][j]) for j, r in enumerate(refs))
+    for refs, hyp in zip(references, hypotheses, strict=True):
+        exact += hyp in refs
         char_error, ref_chars = min((edit_distance(list(r), list(hyp)), len(r)) for r in refs)
         token_error, ref_tokens = min((edit_distance(r.split(), hyp.split()), len(r.split())) for r in refs)
         chars, char_errors = chars + ref_chars, char_errors + char_error
@@ -142,19 +145,18 @@ def against_references(
     which decodes sources: each distinct source once, scored against every line it has."""
     keys = [source_key(source, i) for i, (source, _) in enumerate(pairs)]
     references: dict[Any, list[str]] = {}
-    writable: dict[Any, list[bool]] = {}  # False: a target whose unseen characters were replaced, never matched
     first: dict[Any, list[int]] = {}  # each source's ids, to decode it once
+    unseen: dict[Any, str] = {}  # the characters a replaced source lost, which its written unknown symbols give back
     for key, (source, target) in zip(keys, pairs, strict=True):
-        references.setdefault(key, []).append(decode(target))
-        writable.setdefault(key, []).append(not isinstance(target, ReplacedTarget))
+        references.setdefault(key, []).append(reference_text(target, decode))
         first.setdefault(key, list(source))
+        unseen.setdefault(key, source.unseen if isinstance(source, ReplacedSource) else "")
     sources = list(references)
     hypotheses = rewrite([first[key] for key in sources])
-    decoded = {key: decode(h) for key, h in zip(sources, hypotheses, strict=True)}
-    lines = [[decode(t)] for _, t in pairs], [decoded[key] for key in keys]
-    by_line = error_rates(*lines, [[not isinstance(t, ReplacedTarget)] for _, t in pairs])
+    decoded = {key: restore_unknown(decode(h), unseen[key]) for key, h in zip(sources, hypotheses, strict=True)}
+    by_line = error_rates([[reference_text(t, decode)] for _, t in pairs], [decoded[key] for key in keys])
     return TransductionResult(
-        **error_rates(list(references.values()), [decoded[key] for key in sources], list(writable.values())),
+        **error_rates(list(references.values()), [decoded[key] for key in sources]),
         loss=total / count,
         lines=len(pairs),
         chars=count,

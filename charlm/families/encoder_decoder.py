@@ -13,7 +13,8 @@ from charlm.config.schema import Config, ModelConfig
 from charlm.data.corpus import for_file, same_path, split_file
 from charlm.data.features import FEATURE_RANGE, is_feature_symbol
 from charlm.data.hallucinate import hallucinated
-from charlm.data.pairs import Pair, PairBatches, PairCorpus
+from charlm.data.pairs import Pair, PairBatches, PairCorpus, unseen_of
+from charlm.data.recombine import recombined
 from charlm.data.tokenizer import (
     BOS,
     SPECIAL_CHARS,
@@ -22,6 +23,7 @@ from charlm.data.tokenizer import (
     Tokenizer,
     UnknownPolicy,
     refuse_special_replacement,
+    restore_unknown,
 )
 from charlm.decoding.options import DecodeOptions, field_name
 from charlm.decoding.rewrite import rewrite
@@ -67,6 +69,8 @@ class EncoderDecoderFamily(Family[PairCorpus, EncoderDecoder]):
         unknown_id = getattr(corpus.tokenizer, "stoi", {}).get(UNKNOWN_CHAR)  # pairs are read as characters
         tc, dropout = config.train, config.data.unknown_dropout
         made = hallucinated(corpus.train, corpus.tokenizer, config.data.hallucinate, tc.seed)  # the same on every rank
+        space = getattr(corpus.tokenizer, "stoi", {}).get(" ")  # phones are space-separated: a unit's sounds are tokens
+        made += recombined(corpus.train, space, config.data.recombine, tc.seed, config.model.block_size - 1)
         return PairBatches(corpus.train + made, tc.batch_size, device, seed, unknown_id, dropout)
 
     def periodic_losses(
@@ -133,7 +137,10 @@ def rewrite_sources(
     rewrite_ids: Rewrite = loaded.rewriter(ensemble)  # first: it refuses what its runtime cannot do
     ids = [encode_source(loaded, s, unknown, replace_with) for s in sources]
     options = options or DecodeOptions(temperature=0.0, max_new_tokens=loaded.config.model.block_size)
-    return [loaded.tokenizer.decode(t) for t in rewrite_ids(ids, options.checked(field_name))]
+    targets = [loaded.tokenizer.decode(t) for t in rewrite_ids(ids, options.checked(field_name))]
+    known, features = set(getattr(loaded.tokenizer, "chars", [])), loaded.tokenizer.features is not None
+    chars = [s.partition("\t")[0] if features else s for s in sources]  # SOURCE<TAB>FEATURES: the characters
+    return [restore_unknown(t, unseen_of(c, known)) for t, c in zip(targets, chars, strict=True)]
 
 
 def torch_rewriter(loaded: Loaded, ensemble: Sequence[Loaded] = ()) -> Rewrite:
