@@ -312,9 +312,10 @@ def rewrite_lines(model, prompt, prompt_file, rewriting: Rewriting, json_out: bo
         learned = UNKNOWN_CHAR in model.tokenizer.stoi
         what = "read as the unknown symbol" if learned else "read as a stand-in (the model learned no unknown symbol)"
         what = f"read as {replace_with!r}" if replace_with is not None else what
+        noun = "input" if model.tokenizer.features else "character"
+        kinds = f"{noun}{'' if sum(unseen) == 1 else 's'}" + (" (characters or features)" if noun == "input" else "")
         stderr_console().print(
-            f"{sum(unseen):,} {'inputs (characters or features)' if model.tokenizer.features else 'characters'} the "
-            f"model never saw, in {sum(n > 0 for n in unseen):,} of {len(sources):,} "
+            f"{sum(unseen):,} {kinds} the model never saw, in {sum(n > 0 for n in unseen):,} of {len(sources):,} "
             f"sources, {'left out' if unknown == 'skip' else what}",
             markup=False,
         )
