@@ -17,7 +17,7 @@ from charlm.data.pairs import Pair
 
 Unit = tuple[tuple[int, ...], tuple[tuple[int, ...], ...]]  # some source ids and the target tokens they are spoken as
 SHAPES = ((1, 1), (1, 0), (2, 1), (1, 2), (0, 1))  # (source characters, target tokens) a unit may take
-ROUNDS = 5  # alignment rounds: each realigns every pair by the unit counts of the round before
+ROUNDS = 5  # EM rounds: each re-estimates the units' probabilities from the expected counts of the round before
 UNSEEN = 20.0  # the cost of a unit no cut has used yet: taken only where no known one fits
 
 

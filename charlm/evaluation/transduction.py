@@ -133,6 +133,26 @@ def source_key(source: list[int], index: int) -> Any:
     return ("line", index) if isinstance(source, ReplacedSource) else tuple(source)
 
 
+class BySource:
+    """A file's lines grouped as scoring groups them: each distinct source's ids (decoded once), its references as
+    the file has them, and the characters a replaced source lost, which its written unknown symbols give back."""
+
+    def __init__(self, pairs: list[Pair], decode: Callable[[list[int]], str]):
+        self.decode = decode
+        self.references: dict[Any, list[str]] = {}
+        self.ids: dict[Any, list[int]] = {}
+        self.unseen: dict[Any, str] = {}
+        for index, (source, target) in enumerate(pairs):
+            key = source_key(source, index)
+            self.references.setdefault(key, []).append(reference_text(target, decode))
+            self.ids.setdefault(key, list(source))
+            self.unseen.setdefault(key, source.unseen if isinstance(source, ReplacedSource) else "")
+
+    def written(self, keys: list[Any], hypotheses: list[list[int]]) -> list[str]:
+        """What the model wrote for each of `keys`, its copies of unseen characters put back."""
+        return [restore_unknown(self.decode(h), self.unseen[key]) for key, h in zip(keys, hypotheses, strict=True)]
+
+
 def against_references(
     decode: Callable[[list[int]], str],
     pairs: list[Pair],
@@ -144,19 +164,12 @@ def against_references(
     """The figures of `pairs` from their summed loss (`total` nats over `count` target characters) and `rewrite`,
     which decodes sources: each distinct source once, scored against every line it has."""
     keys = [source_key(source, i) for i, (source, _) in enumerate(pairs)]
-    references: dict[Any, list[str]] = {}
-    first: dict[Any, list[int]] = {}  # each source's ids, to decode it once
-    unseen: dict[Any, str] = {}  # the characters a replaced source lost, which its written unknown symbols give back
-    for key, (source, target) in zip(keys, pairs, strict=True):
-        references.setdefault(key, []).append(reference_text(target, decode))
-        first.setdefault(key, list(source))
-        unseen.setdefault(key, source.unseen if isinstance(source, ReplacedSource) else "")
-    sources = list(references)
-    hypotheses = rewrite([first[key] for key in sources])
-    decoded = {key: restore_unknown(decode(h), unseen[key]) for key, h in zip(sources, hypotheses, strict=True)}
+    grouped = BySource(pairs, decode)
+    sources = list(grouped.references)
+    decoded = dict(zip(sources, grouped.written(sources, rewrite([grouped.ids[key] for key in sources])), strict=True))
     by_line = error_rates([[reference_text(t, decode)] for _, t in pairs], [decoded[key] for key in keys])
     return TransductionResult(
-        **error_rates(list(references.values()), [decoded[key] for key in sources]),
+        **error_rates(list(grouped.references.values()), [decoded[key] for key in sources]),
         loss=total / count,
         lines=len(pairs),
         chars=count,

@@ -4,18 +4,16 @@ split every time, so the plateau rule sees signal; each DDP rank scores its shar
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import torch
 from torch import nn
 
 from charlm.config.schema import Config
 from charlm.data.corpus import Corpus, fixed_windows
-from charlm.data.pairs import PairCorpus, ReplacedSource
-from charlm.data.tokenizer import restore_unknown
+from charlm.data.pairs import PairCorpus
 from charlm.decoding.options import DecodeOptions
 from charlm.decoding.rewrite import rewrite
-from charlm.evaluation.transduction import pairs_total, reference_text, source_key
+from charlm.evaluation.transduction import BySource, pairs_total
 from charlm.hardware.distributed import Dist
 from charlm.models.encoder_decoder import EncoderDecoder
 
@@ -95,20 +93,15 @@ class PairLosses(RankShare):
         on its own, what the model copies put back, a replaced reference as its file has it)."""
         if not isinstance(model, EncoderDecoder):
             raise TypeError(f"pairs are decoded by an EncoderDecoder, not {type(model).__name__}")
-        references: dict[Any, list[str]] = {}
-        first: dict[Any, tuple[list[int], str]] = {}  # each source's ids and its unseen characters
-        for index, (source, target) in enumerate(self.val):
-            key = source_key(source, index)
-            references.setdefault(key, []).append(reference_text(target, self.decode))
-            first.setdefault(key, (list(source), source.unseen if isinstance(source, ReplacedSource) else ""))
-        keys = list(references)[self.dist.rank :: self.dist.world_size]
+        grouped = BySource(self.val, self.decode)
+        keys = list(grouped.references)[self.dist.rank :: self.dist.world_size]
         options = DecodeOptions(temperature=0.0, max_new_tokens=model.config.block_size, batch_size=64)
         was_training = model.training
         try:
             with torch.inference_mode():
-                hypotheses = rewrite(model, [first[key][0] for key in keys], options)
+                hypotheses = rewrite(model, [grouped.ids[key] for key in keys], options)
         finally:
             model.train(was_training)
-        written = [restore_unknown(self.decode(h), first[key][1]) for h, key in zip(hypotheses, keys, strict=True)]
-        right = sum(text in references[key] for text, key in zip(written, keys, strict=True))
+        written = grouped.written(keys, hypotheses)
+        right = sum(text in grouped.references[key] for text, key in zip(written, keys, strict=True))
         return self.mean(float(right), len(keys))
